@@ -1,0 +1,67 @@
+# dragon: a device–cloud distributed RAG pair. See README.md.
+SHELL := /bin/bash
+GO ?= go
+BUILD := $(CURDIR)/build
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+THREADS ?= 2
+MALGO := github.com/gen2brain/malgo@v0.11.24
+
+# cgo settings for llama.cpp (vendored by github.com/ollama/ollama/llama):
+# miniaudio.h is missing from the module zip, and without -march ggml builds
+# with no SIMD at all.
+export CGO_ENABLED := 1
+export CGO_CPPFLAGS := -I$(BUILD)/include
+export CGO_CFLAGS := -O3 -march=x86-64-v3
+export CGO_CXXFLAGS := -O3 -march=x86-64-v3
+export DRAGON_MODEL := $(CURDIR)/$(MODEL)
+
+APT_PKGS := nlohmann-json3-dev libstb-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps model build test test-short vet fmt run bench clean
+
+all: build
+
+deps: $(BUILD)/include/miniaudio.h
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(BUILD)/include/miniaudio.h:
+	@mkdir -p $(BUILD)/include
+	$(GO) mod download $(MALGO)
+	install -m 644 "$$($(GO) mod download -json $(MALGO) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/miniaudio.h" $@
+
+model:
+	@scripts/fetch-model.sh models
+
+build: deps
+	$(GO) build -o bin/dragon ./cmd/dragon
+
+vet: deps
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# The whole suite, real model included, race detector on.
+test: deps model vet
+	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/ 2>/dev/null || [ ! -d codec ]
+
+# Quick loop without the race detector or fuzzing.
+test-short: deps model
+	$(GO) test -count=1 ./...
+
+run: build model
+	bin/dragon generate --model $(MODEL) --threads $(THREADS) \
+	  --prompt "In two sentences, what is retrieval-augmented generation?"
+
+bench: build model
+	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin build

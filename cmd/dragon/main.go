@@ -1,0 +1,58 @@
+// Command dragon is the single binary of the project: the cloud and device
+// daemons, the client, index management, profiling and benchmarks.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// commands are the subcommands; each file of this package adds its own from
+// init, so that subcommands can be written independently.
+var commands []func() *cobra.Command
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "dragon:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var verbose bool
+	root := &cobra.Command{
+		Use:           "dragon",
+		Short:         "Device–cloud distributed retrieval-augmented generation",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+			level := slog.LevelWarn
+			if verbose {
+				level = slog.LevelDebug
+			}
+			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+		},
+	}
+	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug output (llama.cpp's too)")
+	for _, c := range commands {
+		root.AddCommand(c())
+	}
+	return root.ExecuteContext(ctx)
+}
+
+// defaultModel is the model used when --model is not given: $DRAGON_MODEL,
+// else the file `make model` fetches.
+func defaultModel() string {
+	if m := os.Getenv("DRAGON_MODEL"); m != "" {
+		return m
+	}
+	return "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+}
