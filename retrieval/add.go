@@ -1,0 +1,379 @@
+package retrieval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/coder/hnsw"
+)
+
+// Report summarizes an Add or Build.
+type Report struct {
+	Files       int // files read (new or changed)
+	Unchanged   int // files skipped: indexed before and unchanged since
+	Documents   int // documents (files, mail messages) chunked
+	Passages    int // passages added
+	Removed     int // passages of changed files that were replaced
+	Unsupported int // files inside folders that are not text, mail or mbox
+	// Skipped counts files and messages that could not be read; Errors
+	// says why. They never stop a run.
+	Skipped int
+	Errors  []FileError
+}
+
+func (r *Report) skip(path string, err error) {
+	r.Skipped++
+	r.Errors = append(r.Errors, FileError{path, err})
+}
+
+// maxTombstones: deleted vectors the graph may carry before it is rebuilt
+// (also when they exceed a quarter of it). Each costs searches one extra
+// candidate.
+const maxTombstones = 1024
+
+// graphChunk is how many vectors are inserted per hold of the write lock,
+// so searches keep running while a large batch goes into the graph.
+const graphChunk = 128
+
+// pendingFile is a file read and chunked, waiting to be committed.
+type pendingFile struct {
+	path     string
+	rec      *fileRecord
+	passages []*Passage
+}
+
+// Add indexes files and folders. New files are added; files indexed
+// before are skipped while unchanged (size and modification time) and
+// replaced when changed. Files that cannot be read are counted in the
+// Report; the error is for failures of the index itself (and ctx).
+func (ix *Index) Add(ctx context.Context, paths ...string) (Report, error) {
+	var rep Report
+	if ix.opts.ReadOnly {
+		return rep, ErrReadOnly
+	}
+	if ix.opts.Tokenizer == nil {
+		return rep, errors.New("retrieval: adding files needs a tokenizer")
+	}
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
+	if ix.isClosed() {
+		return rep, ErrClosed
+	}
+	if ix.man.Dense && ix.opts.Embedder == nil {
+		return rep, fmt.Errorf("%w: index %s is dense; adding files needs its embedder %q", ErrEmbedder, ix.dir, ix.man.Embedder)
+	}
+	files, werrs := walk(paths)
+	for _, e := range werrs {
+		rep.skip(e.Path, e.Err)
+	}
+	explicit := map[string]bool{}
+	for _, p := range paths {
+		if abs, err := filepath.Abs(p); err == nil {
+			explicit[abs] = true
+		}
+	}
+	ix.progress(PhaseScan, len(files), len(files), "")
+
+	var pending []pendingFile
+	total := 0
+	for i, path := range files {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		ix.progress(PhaseRead, i, len(files), path)
+		if pf, ok := ix.readFile(path, explicit[path], &rep); ok {
+			pending = append(pending, pf)
+			total += len(pf.passages)
+		}
+	}
+	ix.progress(PhaseRead, len(files), len(files), "")
+	for _, e := range rep.Errors {
+		ix.log.Warn("skipped", "path", e.Path, "err", e.Err)
+	}
+
+	done := 0
+	for start := 0; start < len(pending); {
+		end, n := start, 0
+		for end < len(pending) && (end == start || n+len(pending[end].passages) <= ix.opts.CommitEvery) {
+			n += len(pending[end].passages)
+			end++
+		}
+		if err := ix.commit(ctx, pending[start:end], &done, total, &rep); err != nil {
+			return rep, err
+		}
+		start = end
+	}
+	return rep, nil
+}
+
+// readFile reads and chunks one file, or counts why it is skipped.
+func (ix *Index) readFile(path string, explicit bool, rep *Report) (pendingFile, bool) {
+	info, err := os.Stat(path)
+	if err != nil {
+		rep.skip(path, err)
+		return pendingFile{}, false
+	}
+	if rec := ix.files[path]; rec != nil && rec.Size == info.Size() && rec.ModTime.Equal(info.ModTime()) {
+		rep.Unchanged++
+		return pendingFile{}, false
+	}
+	docs, derrs, err := readDocuments(path)
+	if errors.Is(err, errUnsupported) && !explicit {
+		rep.Unsupported++
+		ix.log.Debug("unsupported file type", "path", path)
+		return pendingFile{}, false
+	}
+	if err != nil {
+		rep.skip(path, err)
+		return pendingFile{}, false
+	}
+	for _, e := range derrs {
+		rep.skip(e.Path, e.Err)
+	}
+	pf := pendingFile{path: path, rec: &fileRecord{Size: info.Size(), ModTime: info.ModTime()}}
+	for _, d := range docs {
+		spans, err := chunkText(ix.opts.Tokenizer, d.Text, ix.opts.Chunk)
+		if err != nil {
+			rep.skip(d.Source, err)
+			continue
+		}
+		pf.rec.Sources = append(pf.rec.Sources, d.Source)
+		for _, s := range spans {
+			pf.passages = append(pf.passages, &Passage{
+				Source: d.Source, Start: s.Start, End: s.End, Tokens: s.Tokens,
+				Text: d.Text[s.Start:s.End], Meta: d.Meta,
+			})
+		}
+		rep.Documents++
+	}
+	rep.Files++
+	return pf, true
+}
+
+// commit embeds a group of files' passages, then swaps them in for the
+// files' old passages in memory, bleve and the graph, and writes the index.
+func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, total int, rep *Report) error {
+	var add []*Passage
+	for _, pf := range group {
+		add = append(add, pf.passages...)
+	}
+	vecs, err := ix.embedPassages(ctx, add, *done, total)
+	if err != nil {
+		return err
+	}
+
+	ix.mu.Lock()
+	var del []uint64
+	for _, pf := range group {
+		if old := ix.files[pf.path]; old != nil {
+			for _, s := range old.Sources {
+				del = append(del, ix.bySource[s]...)
+			}
+		}
+	}
+	ix.removeLocked(del)
+	for _, p := range add {
+		p.ID = ix.man.NextID
+		ix.man.NextID++
+		ix.passages[p.ID] = p
+		ix.bySource[p.Source] = append(ix.bySource[p.Source], p.ID)
+	}
+	for _, pf := range group {
+		ix.files[pf.path] = pf.rec
+	}
+	ix.mu.Unlock()
+	rep.Removed += len(del)
+	rep.Passages += len(add)
+
+	if err := ix.bm25.apply(add, del); err != nil {
+		return ix.failed(err)
+	}
+	if ix.graph != nil {
+		for i := 0; i < len(add); i += graphChunk {
+			ix.mu.Lock()
+			for j := i; j < min(i+graphChunk, len(add)); j++ {
+				ix.graph.Add(hnsw.MakeNode(add[j].ID, vecs[j]))
+			}
+			ix.mu.Unlock()
+		}
+	}
+	if err := ix.maybeCompact(); err != nil {
+		return ix.failed(err)
+	}
+	if err := ix.persist(); err != nil {
+		return ix.failed(err)
+	}
+	*done += len(add)
+	ix.progress(PhaseIndex, *done, total, "")
+	return nil
+}
+
+// embedPassages returns the unit vectors of ps, or nil for a BM25-only
+// index.
+func (ix *Index) embedPassages(ctx context.Context, ps []*Passage, done, total int) ([][]float32, error) {
+	if !ix.man.Dense {
+		return nil, nil
+	}
+	vecs := make([][]float32, 0, len(ps))
+	for i := 0; i < len(ps); i += ix.opts.EmbedBatch {
+		batch := ps[i:min(i+ix.opts.EmbedBatch, len(ps))]
+		texts := make([]string, len(batch))
+		for j, p := range batch {
+			texts[j] = p.Text
+		}
+		vs, err := ix.opts.Embedder.Embed(ctx, texts)
+		if err != nil {
+			return nil, fmt.Errorf("embed passages of %s: %w", batch[0].Source, err)
+		}
+		if len(vs) != len(batch) {
+			return nil, fmt.Errorf("embedder returned %d vectors for %d texts", len(vs), len(batch))
+		}
+		for j, v := range vs {
+			u, err := unit(v)
+			if err != nil {
+				return nil, fmt.Errorf("embedding of a passage of %s: %w", batch[j].Source, err)
+			}
+			if err := ix.checkDims(len(u)); err != nil {
+				return nil, err
+			}
+			vecs = append(vecs, u)
+		}
+		ix.progress(PhaseEmbed, done+len(vecs), total, "")
+	}
+	return vecs, nil
+}
+
+func (ix *Index) checkDims(n int) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.man.Dims == 0 {
+		ix.man.Dims = n
+	}
+	if n != ix.man.Dims {
+		return fmt.Errorf("%w: embedder gives %d dimensions, index has %d", ErrEmbedder, n, ix.man.Dims)
+	}
+	return nil
+}
+
+// removeLocked drops passages from the maps; their vectors stay in the
+// graph as tombstones until maybeCompact. Callers hold mu.
+func (ix *Index) removeLocked(ids []uint64) {
+	for _, id := range ids {
+		p := ix.passages[id]
+		if p == nil {
+			continue
+		}
+		delete(ix.passages, id)
+		rest := slices.DeleteFunc(ix.bySource[p.Source], func(x uint64) bool { return x == id })
+		if len(rest) == 0 {
+			delete(ix.bySource, p.Source)
+		} else {
+			ix.bySource[p.Source] = rest
+		}
+	}
+}
+
+// maybeCompact rebuilds the graph without its tombstones once they are
+// many. The new graph is built beside the old one, which searches keep
+// using until the swap.
+func (ix *Index) maybeCompact() error {
+	if ix.graph == nil {
+		return nil
+	}
+	n := ix.graph.Len()
+	dead := n - len(ix.passages)
+	if dead <= 0 || (dead <= maxTombstones && dead*4 <= n) {
+		return nil
+	}
+	ids := make([]uint64, 0, len(ix.passages))
+	for id := range ix.passages {
+		ids = append(ids, id)
+	}
+	ng, err := rebuildGraph(ix.graph, ids)
+	if err != nil {
+		return err
+	}
+	ix.log.Debug("compacted dense graph", "dir", ix.dir, "dropped", dead, "kept", len(ids))
+	ix.mu.Lock()
+	ix.graph = ng
+	ix.mu.Unlock()
+	return nil
+}
+
+// Delete removes a source from the index: a file or mail message by its
+// Source, every message of an mbox by the mbox's path, or everything under
+// a folder. It returns the number of passages removed; a source with none
+// gives ErrNotIndexed. A deleted mbox message stays deleted until the mbox
+// file changes.
+func (ix *Index) Delete(source string) (int, error) {
+	if ix.opts.ReadOnly {
+		return 0, ErrReadOnly
+	}
+	target, err := filepath.Abs(source)
+	if err != nil {
+		return 0, fmt.Errorf("delete %s: %w", source, err)
+	}
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
+	if ix.isClosed() {
+		return 0, ErrClosed
+	}
+	under := func(s string) bool {
+		return s == target || strings.HasPrefix(s, target+"#") || strings.HasPrefix(s, target+string(filepath.Separator))
+	}
+	ix.mu.Lock()
+	var del []uint64
+	matched := false
+	for s, ids := range ix.bySource {
+		if under(s) {
+			del = append(del, ids...)
+			matched = true
+		}
+	}
+	for path, rec := range ix.files {
+		if under(path) {
+			delete(ix.files, path)
+			matched = true
+			continue
+		}
+		rec.Sources = slices.DeleteFunc(rec.Sources, under)
+	}
+	ix.removeLocked(del)
+	ix.mu.Unlock()
+	if !matched {
+		return 0, fmt.Errorf("%w: %s", ErrNotIndexed, target)
+	}
+	if err := ix.bm25.apply(nil, del); err != nil {
+		return 0, ix.failed(err)
+	}
+	if err := ix.maybeCompact(); err != nil {
+		return 0, ix.failed(err)
+	}
+	if err := ix.persist(); err != nil {
+		return 0, ix.failed(err)
+	}
+	return len(del), nil
+}
+
+// failed wraps an error that struck after memory changed but before the
+// manifest was written: the files on disk may now disagree.
+func (ix *Index) failed(err error) error {
+	return fmt.Errorf("%w (the index on disk may be inconsistent; if it fails to open, %s)", err, rebuildHint(ix.dir))
+}
+
+func (ix *Index) isClosed() bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.closed
+}
+
+func (ix *Index) progress(phase Phase, done, total int, item string) {
+	if ix.opts.Progress != nil {
+		ix.opts.Progress(Progress{Phase: phase, Done: done, Total: total, Item: item})
+	}
+}

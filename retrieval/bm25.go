@@ -1,0 +1,184 @@
+package retrieval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/blevesearch/bleve/v2"
+	"github.com/blevesearch/bleve/v2/analysis/lang/en"
+	"github.com/blevesearch/bleve/v2/mapping"
+	"github.com/blevesearch/bleve/v2/search"
+	index "github.com/blevesearch/bleve_index_api"
+)
+
+// textField is the one indexed field of a bleve document.
+const textField = "text"
+
+// bleveBatch bounds one bleve batch, so indexing a large corpus does not
+// build one huge in-memory segment.
+const bleveBatch = 1000
+
+// bm25Index is the lexical ranker: bleve with its BM25 scoring model.
+// Passages are keyed by their decimal id; only the text is indexed and
+// nothing is stored, since passages.jsonl holds the text.
+type bm25Index struct {
+	idx bleve.Index
+}
+
+func bleveMapping() mapping.IndexMapping {
+	im := bleve.NewIndexMapping()
+	im.ScoringModel = index.BM25Scoring
+	im.DefaultAnalyzer = en.AnalyzerName
+	im.StoreDynamic = false
+	im.IndexDynamic = false
+	im.DocValuesDynamic = false
+	fm := bleve.NewTextFieldMapping()
+	fm.Analyzer = en.AnalyzerName
+	fm.Store = false
+	fm.IncludeTermVectors = false
+	fm.IncludeInAll = false
+	fm.DocValues = false
+	dm := bleve.NewDocumentStaticMapping()
+	dm.AddFieldMappingsAt(textField, fm)
+	im.DefaultMapping = dm
+	return im
+}
+
+func createBM25(path string) (*bm25Index, error) {
+	idx, err := bleve.New(path, bleveMapping())
+	if err != nil {
+		return nil, fmt.Errorf("create bleve index: %w", err)
+	}
+	return &bm25Index{idx: idx}, nil
+}
+
+func openBM25(path string, readOnly bool) (*bm25Index, error) {
+	// bolt_timeout: a second writer gets an error instead of waiting
+	// forever for the lock.
+	idx, err := bleve.OpenUsing(path, map[string]any{"read_only": readOnly, "bolt_timeout": "2s"})
+	if err != nil {
+		return nil, err
+	}
+	return &bm25Index{idx: idx}, nil
+}
+
+type bleveDoc struct {
+	Text string `json:"text"`
+}
+
+// apply deletes and adds passages.
+func (b *bm25Index) apply(add []*Passage, del []uint64) error {
+	batch := b.idx.NewBatch()
+	flush := func() error {
+		if batch.Size() == 0 {
+			return nil
+		}
+		if err := b.idx.Batch(batch); err != nil {
+			return fmt.Errorf("bleve batch: %w", err)
+		}
+		batch.Reset()
+		return nil
+	}
+	for _, id := range del {
+		batch.Delete(docID(id))
+		if batch.Size() >= bleveBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range add {
+		if err := batch.Index(docID(p.ID), bleveDoc{Text: p.Text}); err != nil {
+			return fmt.Errorf("bleve index passage %d: %w", p.ID, err)
+		}
+		if batch.Size() >= bleveBatch {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+func docID(id uint64) string { return strconv.FormatUint(id, 10) }
+
+type scored struct {
+	id    uint64
+	score float64
+}
+
+// search returns up to n passages by BM25 score, best first, and the score
+// a passage would need to match every query term at saturation.
+func (b *bm25Index) search(ctx context.Context, query string, n int) ([]scored, float64, error) {
+	q := bleve.NewMatchQuery(query)
+	q.SetField(textField)
+	q.Analyzer = en.AnalyzerName
+	req := bleve.NewSearchRequestOptions(q, n, 0, false)
+	res, err := b.idx.SearchInContext(ctx, req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("bleve search: %w", err)
+	}
+	out := make([]scored, 0, len(res.Hits))
+	for _, h := range res.Hits {
+		id, err := strconv.ParseUint(h.ID, 10, 64)
+		if err != nil {
+			return nil, 0, fmt.Errorf("bleve hit with bad id %q: %w", h.ID, err)
+		}
+		out = append(out, scored{id, h.Score})
+	}
+	upper, err := b.upperBound(ctx, query)
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, upper, nil
+}
+
+// upperBound mirrors how bleve scores a match query under BM25: a
+// disjunction of one term query per analyzed token, each worth
+// idf·sat(tf)·(idf·queryNorm) with queryNorm = 1/sqrt(Σ idf²), times the
+// coordination factor matched/total. As tf grows sat(tf) tends to k1, so
+// no passage scores above k1·sqrt(Σ idf²). Dividing by it makes scores of
+// different queries and of different corpora comparable: it is the share
+// of the query's idf mass a passage matches.
+func (b *bm25Index) upperBound(ctx context.Context, query string) (float64, error) {
+	an := b.idx.Mapping().AnalyzerNamed(en.AnalyzerName)
+	if an == nil {
+		return 0, errors.New("bleve analyzer en missing")
+	}
+	tokens := an.Analyze([]byte(query))
+	if len(tokens) == 0 {
+		return 0, nil
+	}
+	ii, err := b.idx.Advanced()
+	if err != nil {
+		return 0, fmt.Errorf("bleve reader: %w", err)
+	}
+	r, err := ii.Reader()
+	if err != nil {
+		return 0, fmt.Errorf("bleve reader: %w", err)
+	}
+	defer r.Close()
+	total, err := r.DocCount()
+	if err != nil {
+		return 0, fmt.Errorf("bleve doc count: %w", err)
+	}
+	var sumSq float64
+	for _, t := range tokens {
+		tfr, err := r.TermFieldReader(ctx, t.Term, textField, false, false, false)
+		if err != nil {
+			return 0, fmt.Errorf("bleve term %q: %w", t.Term, err)
+		}
+		df := float64(tfr.Count())
+		tfr.Close()
+		idf := math.Log(1 + (float64(total)-df+0.5)/(df+0.5))
+		sumSq += idf * idf
+	}
+	return search.BM25_k1 * math.Sqrt(sumSq), nil
+}
+
+func (b *bm25Index) count() (uint64, error) { return b.idx.DocCount() }
+
+func (b *bm25Index) close() error { return b.idx.Close() }

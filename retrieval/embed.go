@@ -1,0 +1,214 @@
+package retrieval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/dragon-rag/dragon/engine"
+)
+
+// Embedder maps texts to vectors for dense retrieval. Vectors of one
+// embedder all have the same length; they need not be normalized.
+type Embedder interface {
+	Embed(ctx context.Context, texts []string) ([][]float32, error)
+}
+
+// Fingerprinter is implemented by embedders that can name themselves; an
+// index remembers the name and refuses vectors from another embedder,
+// whose space would be unrelated.
+type Fingerprinter interface {
+	Fingerprint() string
+}
+
+func embedderID(e Embedder) string {
+	if f, ok := e.(Fingerprinter); ok {
+		return f.Fingerprint()
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+// EngineEmbedderOptions configure an EngineEmbedder.
+type EngineEmbedderOptions struct {
+	// MaxTokens truncates each text (default 512); it is also the most
+	// tokens one forward pass carries.
+	MaxTokens int
+	// MaxSeqs is how many texts share one forward pass (default 8).
+	MaxSeqs int
+	// Threads for the engine context (0: backend default).
+	Threads int
+	// KeepFirst includes the first position in the mean. It is left out by
+	// default: decoder-only models park a large, input-independent
+	// activation on the first token (the "attention sink"), which would
+	// pull every mean towards the same direction and crush the cosines
+	// together.
+	KeepFirst bool
+}
+
+// EngineEmbedder embeds texts with the generation model itself: the mean of
+// its per-token hidden states, L2-normalized. Using the same model on both
+// sides makes cosines comparable across device and cloud. It is safe for
+// concurrent use; calls are serialized on one engine context.
+type EngineEmbedder struct {
+	model engine.Model
+	opts  EngineEmbedderOptions
+
+	mu    sync.Mutex
+	ectx  engine.Context
+	batch engine.Batch
+	row   []float32
+}
+
+// NewEngineEmbedder returns an embedder over m. The engine context is
+// created on first use; Close frees it (m stays open).
+func NewEngineEmbedder(m engine.Model, opts EngineEmbedderOptions) *EngineEmbedder {
+	if opts.MaxTokens <= 0 {
+		opts.MaxTokens = 512
+	}
+	if opts.MaxSeqs <= 0 {
+		opts.MaxSeqs = 8
+	}
+	return &EngineEmbedder{model: m, opts: opts}
+}
+
+// Fingerprint names the model and the pooling, so an index built with
+// another model (even one sharing the vocabulary) is refused.
+func (e *EngineEmbedder) Fingerprint() string {
+	info := e.model.Info()
+	pool := "mean-skip-first"
+	if e.opts.KeepFirst {
+		pool = "mean"
+	}
+	return fmt.Sprintf("engine-%s-l2/v1|%s|%s|dim=%d|%s", pool, info.Name, info.Arch, info.EmbedDim, info.Fingerprint)
+}
+
+// Embed implements Embedder. Texts are packed several to a forward pass,
+// one KV sequence each.
+func (e *EngineEmbedder) Embed(ctx context.Context, texts []string) ([][]float32, error) {
+	toks := make([][]engine.Token, len(texts))
+	for i, t := range texts {
+		tt, err := e.model.Tokenize(t, true, false)
+		if err != nil {
+			return nil, fmt.Errorf("embed: tokenize text %d: %w", i, err)
+		}
+		if len(tt) == 0 {
+			return nil, fmt.Errorf("embed: text %d: %w: no tokens", i, engine.ErrInvalidInput)
+		}
+		toks[i] = tt[:min(len(tt), e.opts.MaxTokens)]
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ectx == nil {
+		c, err := e.model.NewContext(engine.ContextOptions{
+			CtxPerSeq:  e.opts.MaxTokens,
+			MaxSeqs:    e.opts.MaxSeqs,
+			BatchSize:  e.opts.MaxTokens,
+			Threads:    e.opts.Threads,
+			Embeddings: true,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("embed: new context: %w", err)
+		}
+		e.ectx = c
+	}
+	out := make([][]float32, len(texts))
+	for i := 0; i < len(toks); {
+		j, used := i, 0
+		for j < len(toks) && j-i < e.opts.MaxSeqs && used+len(toks[j]) <= e.opts.MaxTokens {
+			used += len(toks[j])
+			j++
+		}
+		if err := e.embedPass(ctx, toks[i:j], out[i:j]); err != nil {
+			return nil, err
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// embedPass decodes texts as sequences 0..len-1 of one batch and pools each.
+func (e *EngineEmbedder) embedPass(ctx context.Context, toks [][]engine.Token, out [][]float32) (err error) {
+	defer func() {
+		for s := range toks {
+			if terr := e.ectx.Truncate(s, 0); terr != nil && err == nil {
+				err = fmt.Errorf("embed: clear sequence %d: %w", s, terr)
+			}
+		}
+		if err != nil && !errors.Is(err, engine.ErrAborted) {
+			// A failed decode may leave the context in any state.
+			e.ectx.Close()
+			e.ectx = nil
+		}
+	}()
+	e.batch.Reset()
+	for s, tt := range toks {
+		for p, t := range tt {
+			e.batch.Add(t, p, true, s)
+		}
+	}
+	if err := e.ectx.Decode(ctx, &e.batch); err != nil {
+		return fmt.Errorf("embed: decode: %w", err)
+	}
+	row := 0
+	for s, tt := range toks {
+		var sum []float64
+		from := 1
+		if e.opts.KeepFirst || len(tt) == 1 {
+			from = 0
+		}
+		for p := range tt {
+			if p < from {
+				row++
+				continue
+			}
+			e.row, err = e.ectx.Embedding(row, e.row)
+			if err != nil {
+				return fmt.Errorf("embed: row %d: %w", row, err)
+			}
+			if sum == nil {
+				sum = make([]float64, len(e.row))
+			}
+			for d, v := range e.row {
+				sum[d] += float64(v)
+			}
+			row++
+		}
+		v, err := normalize(sum)
+		if err != nil {
+			return fmt.Errorf("embed: sequence %d: %w", s, err)
+		}
+		out[s] = v
+	}
+	return nil
+}
+
+// normalize scales v to unit length (the mean's 1/n cancels out).
+func normalize(v []float64) ([]float32, error) {
+	var ss float64
+	for _, x := range v {
+		ss += x * x
+	}
+	norm := math.Sqrt(ss)
+	if norm == 0 || math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return nil, fmt.Errorf("%w: embedding has norm %v", engine.ErrInvalidInput, norm)
+	}
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x / norm)
+	}
+	return out, nil
+}
+
+// Close frees the engine context.
+func (e *EngineEmbedder) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ectx == nil {
+		return nil
+	}
+	err := e.ectx.Close()
+	e.ectx = nil
+	return err
+}

@@ -1,0 +1,365 @@
+package retrieval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/hnsw"
+)
+
+// Options configure Build and Open.
+type Options struct {
+	// Chunk sizes the passages of a new index; an opened index keeps the
+	// sizes it was built with.
+	Chunk ChunkOptions
+	// Tokenizer cuts passages; required to add files.
+	Tokenizer Tokenizer
+	// Embedder makes the index dense when given to Build. Open needs the
+	// same embedder (by fingerprint) for dense search and for adding to a
+	// dense index; without one, only BM25 search works.
+	Embedder Embedder
+	// EmbedBatch is how many passages go to one Embed call (default 32).
+	EmbedBatch int
+	// CommitEvery is how many new passages are written to disk at once
+	// (default 4096): an interrupted Add keeps what it committed, and
+	// running it again skips the files already in.
+	CommitEvery int
+	// ReadOnly opens an index for searching only (shared lock).
+	ReadOnly bool
+	// Progress, if set, is called as files are read and passages embedded
+	// and indexed, from the goroutine that called Build or Add.
+	Progress func(Progress)
+	Logger   *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	o.Chunk = o.Chunk.withDefaults()
+	if o.EmbedBatch <= 0 {
+		o.EmbedBatch = 32
+	}
+	if o.CommitEvery <= 0 {
+		o.CommitEvery = 4096
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Phase of an indexing run.
+type Phase string
+
+// Phases, in order.
+const (
+	PhaseScan  Phase = "scan"  // listing files; Total is the count found
+	PhaseRead  Phase = "read"  // reading and chunking files
+	PhaseEmbed Phase = "embed" // embedding passages
+	PhaseIndex Phase = "index" // committing passages to disk
+)
+
+// Progress of an indexing run: Done of Total units (files for scan and
+// read, passages for embed and index).
+type Progress struct {
+	Phase       Phase
+	Done, Total int
+	Item        string // the file being read, if any
+}
+
+// Index is an open index directory. Search may be called from many
+// goroutines at once, also while Add or Delete runs; writers are
+// serialized.
+type Index struct {
+	dir  string
+	opts Options
+	log  *slog.Logger
+	bm25 *bm25Index
+
+	// wmu serializes writers. The graph and passage maps change only with
+	// wmu held, so a writer may read them without mu.
+	wmu sync.Mutex
+	// mu guards the fields below against writers' changes while readers
+	// use them.
+	mu       sync.RWMutex
+	man      Manifest
+	passages map[uint64]*Passage
+	bySource map[string][]uint64
+	files    map[string]*fileRecord
+	graph    *hnsw.Graph[uint64]
+	closed   bool
+}
+
+// Build creates the index at dir from paths, replacing any index there
+// only once the new one is complete: it is built in a sibling directory
+// and renamed into place. An error from an unreadable file is reported in
+// the Report, not returned.
+func Build(ctx context.Context, dir string, opts Options, paths ...string) (*Index, Report, error) {
+	opts = opts.withDefaults()
+	if err := opts.Chunk.validate(); err != nil {
+		return nil, Report{}, err
+	}
+	if opts.Tokenizer == nil {
+		return nil, Report{}, errors.New("retrieval: build needs a tokenizer")
+	}
+	dir = filepath.Clean(dir)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, Report{}, fmt.Errorf("build %s: %w", dir, err)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), filepath.Base(dir)+".building-*")
+	if err != nil {
+		return nil, Report{}, fmt.Errorf("build %s: %w", dir, err)
+	}
+	ix, err := create(tmp, opts)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, Report{}, err
+	}
+	rep, err := ix.Add(ctx, paths...)
+	if cerr := ix.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("close new index: %w", cerr)
+	}
+	if err == nil {
+		err = replaceDir(tmp, dir)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, rep, fmt.Errorf("build %s: %w", dir, err)
+	}
+	ix, err = Open(dir, opts)
+	return ix, rep, err
+}
+
+// replaceDir moves tmp to dir, removing what was at dir.
+func replaceDir(tmp, dir string) error {
+	old := ""
+	if _, err := os.Stat(dir); err == nil {
+		old = tmp + ".old"
+		if err := os.Rename(dir, old); err != nil {
+			return err
+		}
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		if old != "" {
+			os.Rename(old, dir)
+		}
+		return err
+	}
+	if old != "" {
+		return os.RemoveAll(old)
+	}
+	return nil
+}
+
+// create makes an empty index in the empty directory dir.
+func create(dir string, opts Options) (*Index, error) {
+	now := time.Now().UTC()
+	man := Manifest{
+		Version:     formatVersion,
+		Created:     now,
+		Updated:     now,
+		ChunkTokens: opts.Chunk.Tokens,
+		Overlap:     opts.Chunk.Overlap,
+		Tokenizer:   tokenizerID(opts.Tokenizer),
+		Dense:       opts.Embedder != nil,
+		NextID:      1,
+	}
+	if man.Dense {
+		man.Embedder = embedderID(opts.Embedder)
+	}
+	b, err := createBM25(filepath.Join(dir, bleveDir))
+	if err != nil {
+		return nil, err
+	}
+	ix := &Index{
+		dir: dir, opts: opts, log: opts.Logger, bm25: b, man: man,
+		passages: map[uint64]*Passage{}, bySource: map[string][]uint64{},
+		files: map[string]*fileRecord{},
+	}
+	if man.Dense {
+		ix.graph = newGraph()
+	}
+	if err := ix.persist(); err != nil {
+		b.close()
+		return nil, err
+	}
+	return ix, nil
+}
+
+// Open opens the index at dir. A missing index gives ErrNoIndex, a
+// damaged one ErrCorrupt; both messages say how to rebuild.
+func Open(dir string, opts Options) (*Index, error) {
+	opts = opts.withDefaults()
+	dir = filepath.Clean(dir)
+	man, err := readManifest(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s: build one with: dragon index build --dir %s PATHS...", ErrNoIndex, dir, dir)
+	}
+	if err != nil {
+		return nil, corrupt(dir, "unreadable manifest", err)
+	}
+	if man.Version != formatVersion {
+		return nil, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d", man.Version, formatVersion), nil)
+	}
+	if opts.Embedder != nil && man.Dense && embedderID(opts.Embedder) != man.Embedder {
+		return nil, fmt.Errorf("%w: index %s was embedded with %q, not %q: use that model or %s",
+			ErrEmbedder, dir, man.Embedder, embedderID(opts.Embedder), rebuildHint(dir))
+	}
+	if opts.Tokenizer != nil && tokenizerID(opts.Tokenizer) != man.Tokenizer {
+		opts.Logger.Warn("index was chunked with another tokenizer; new passages will not align with the old ones",
+			"dir", dir, "index", man.Tokenizer, "given", tokenizerID(opts.Tokenizer))
+	}
+	opts.Chunk = ChunkOptions{Tokens: man.ChunkTokens, Overlap: man.Overlap}
+	ix := &Index{dir: dir, opts: opts, log: opts.Logger, man: man, bySource: map[string][]uint64{}}
+	if err := ix.load(); err != nil {
+		if ix.bm25 != nil {
+			ix.bm25.close()
+		}
+		return nil, err
+	}
+	return ix, nil
+}
+
+// load reads the files next to the manifest and checks that they agree
+// with it.
+func (ix *Index) load() error {
+	dir, man := ix.dir, ix.man
+	var err error
+	if ix.passages, err = readPassages(filepath.Join(dir, passagesFile)); err != nil {
+		return corrupt(dir, "unreadable passages", err)
+	}
+	if len(ix.passages) != man.Passages {
+		return corrupt(dir, fmt.Sprintf("%d passages on disk, manifest says %d", len(ix.passages), man.Passages), nil)
+	}
+	for id, p := range ix.passages {
+		ix.bySource[p.Source] = append(ix.bySource[p.Source], id)
+	}
+	if ix.files, err = readFiles(filepath.Join(dir, filesFile)); err != nil {
+		return corrupt(dir, "unreadable file list", err)
+	}
+	bdir := filepath.Join(dir, bleveDir)
+	if _, err := os.Stat(filepath.Join(bdir, "index_meta.json")); err != nil {
+		return corrupt(dir, "missing bleve index", err)
+	}
+	if ix.bm25, err = openBM25(bdir, ix.opts.ReadOnly); err != nil {
+		if strings.Contains(err.Error(), "timeout") {
+			return fmt.Errorf("open %s: bleve index is locked by another process: %w", dir, err)
+		}
+		return corrupt(dir, "unreadable bleve index", err)
+	}
+	n, err := ix.bm25.count()
+	if err != nil {
+		return corrupt(dir, "bleve index", err)
+	}
+	if int(n) != man.Passages {
+		return corrupt(dir, fmt.Sprintf("bleve holds %d passages, manifest says %d", n, man.Passages), nil)
+	}
+	if !man.Dense {
+		return nil
+	}
+	if ix.graph, err = readGraph(filepath.Join(dir, graphFile)); err != nil {
+		return corrupt(dir, "unreadable dense graph", err)
+	}
+	if ix.graph.Len() != man.GraphNodes {
+		return corrupt(dir, fmt.Sprintf("dense graph holds %d vectors, manifest says %d", ix.graph.Len(), man.GraphNodes), nil)
+	}
+	if ix.graph.Len() > 0 && ix.graph.Dims() != man.Dims {
+		return corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", ix.graph.Dims(), man.Dims), nil)
+	}
+	return nil
+}
+
+// persist writes the graph, passages and file list, then the manifest.
+// Callers hold wmu.
+func (ix *Index) persist() error {
+	if ix.opts.ReadOnly {
+		return ErrReadOnly
+	}
+	man := ix.man
+	man.Passages = len(ix.passages)
+	man.Sources = len(ix.bySource)
+	man.Files = len(ix.files)
+	man.Generation++
+	man.Updated = time.Now().UTC()
+	if ix.graph != nil {
+		man.GraphNodes = ix.graph.Len()
+		if err := writeGraph(filepath.Join(ix.dir, graphFile), ix.graph); err != nil {
+			return fmt.Errorf("write dense graph: %w", err)
+		}
+	}
+	if err := writePassages(filepath.Join(ix.dir, passagesFile), ix.passages); err != nil {
+		return fmt.Errorf("write passages: %w", err)
+	}
+	if err := writeJSON(filepath.Join(ix.dir, filesFile), ix.files); err != nil {
+		return fmt.Errorf("write file list: %w", err)
+	}
+	if err := writeJSON(filepath.Join(ix.dir, manifestFile), man); err != nil {
+		return fmt.Errorf("write manifest: %w", err)
+	}
+	ix.mu.Lock()
+	ix.man = man
+	ix.mu.Unlock()
+	return nil
+}
+
+// Stats describe an index.
+type Stats struct {
+	Dir        string
+	Manifest   Manifest
+	Tokens     int   // in all passages
+	Tombstones int   // deleted vectors still in the graph
+	DiskBytes  int64 // size of the directory
+}
+
+// Stats returns the index's counts.
+func (ix *Index) Stats() Stats {
+	ix.mu.RLock()
+	s := Stats{Dir: ix.dir, Manifest: ix.man}
+	for _, p := range ix.passages {
+		s.Tokens += p.Tokens
+	}
+	if ix.graph != nil {
+		s.Tombstones = ix.graph.Len() - len(ix.passages)
+	}
+	ix.mu.RUnlock()
+	s.DiskBytes = dirSize(ix.dir)
+	return s
+}
+
+// Sources lists the indexed sources.
+func (ix *Index) Sources() []string {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := make([]string, 0, len(ix.bySource))
+	for s := range ix.bySource {
+		out = append(out, s)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Dir is the index directory.
+func (ix *Index) Dir() string { return ix.dir }
+
+// Close releases the index. Searches after Close fail with ErrClosed.
+func (ix *Index) Close() error {
+	ix.wmu.Lock()
+	defer ix.wmu.Unlock()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	if ix.closed {
+		return nil
+	}
+	ix.closed = true
+	if err := ix.bm25.close(); err != nil {
+		return fmt.Errorf("close bleve index: %w", err)
+	}
+	return nil
+}

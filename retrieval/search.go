@@ -1,0 +1,185 @@
+package retrieval
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Hit is one retrieved passage.
+type Hit struct {
+	// Passage is a copy; its Meta map is shared and must not be modified.
+	Passage Passage
+	// Score is R(d, q), calibrated so that softmax over the hits is the
+	// document weight (see Weights and the temperatures in score.go).
+	Score float64
+	// BM25Rank and DenseRank are the 1-based ranks in each ranker's
+	// candidate list; 0 when the ranker did not run or did not return it.
+	BM25Rank, DenseRank int
+	// BM25 is bleve's raw BM25 score, Cosine the cosine similarity to the
+	// query (0 where the ranker did not return the passage).
+	BM25, Cosine float64
+}
+
+// Searcher is what generation needs of an index; *Index implements it and
+// tests of the layers above can fake it.
+type Searcher interface {
+	Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error)
+}
+
+var _ Searcher = (*Index)(nil)
+
+// hybridPool is the fewest candidates each ranker contributes to fusion:
+// RRF needs lists deeper than k to tell agreement from chance.
+const hybridPool = 50
+
+// Search returns the k passages most relevant to query, best first.
+func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error) {
+	if k <= 0 {
+		return nil, fmt.Errorf("retrieval: search needs k > 0, got %d", k)
+	}
+	if strings.TrimSpace(query) == "" {
+		return nil, errors.New("retrieval: empty query")
+	}
+	ix.mu.RLock()
+	closed, dense, dims := ix.closed, ix.man.Dense, ix.man.Dims
+	ix.mu.RUnlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	mode, err := ix.resolveMode(mode, dense)
+	if err != nil {
+		return nil, err
+	}
+	pool := k
+	if mode == ModeHybrid {
+		pool = max(4*k, hybridPool)
+	}
+
+	var lex []scored
+	var upper float64
+	if mode != ModeDense {
+		if lex, upper, err = ix.bm25.search(ctx, query, pool); err != nil {
+			return nil, fmt.Errorf("search %s: %w", ix.dir, err)
+		}
+	}
+	var qv []float32
+	if mode != ModeBM25 {
+		if qv, err = ix.embedQuery(ctx, query, dims); err != nil {
+			return nil, err
+		}
+	}
+
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if ix.closed {
+		return nil, ErrClosed
+	}
+	live := func(id uint64) bool { return ix.passages[id] != nil }
+	// Bleve may briefly hold passages a concurrent writer is removing.
+	lex = slices.DeleteFunc(lex, func(s scored) bool { return !live(s.id) })
+	var sem []scored
+	if qv != nil {
+		dead := max(0, ix.graph.Len()-len(ix.passages))
+		sem = graphSearch(ix.graph, qv, pool, dead, live)
+	}
+	hits := fuse(mode, lex, upper, sem)
+	slices.SortFunc(hits, func(a, b Hit) int {
+		if c := cmp.Compare(b.Score, a.Score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Passage.ID, b.Passage.ID)
+	})
+	hits = hits[:min(k, len(hits))]
+	for i := range hits {
+		hits[i].Passage = *ix.passages[hits[i].Passage.ID]
+	}
+	return hits, nil
+}
+
+func (ix *Index) resolveMode(mode Mode, dense bool) (Mode, error) {
+	switch mode {
+	case ModeAuto:
+		if dense && ix.opts.Embedder != nil {
+			return ModeHybrid, nil
+		}
+		return ModeBM25, nil
+	case ModeBM25:
+		return mode, nil
+	case ModeDense, ModeHybrid:
+		if !dense {
+			return 0, fmt.Errorf("retrieval: %s search: index %s has no dense vectors (built without an embedder)", mode, ix.dir)
+		}
+		if ix.opts.Embedder == nil {
+			return 0, fmt.Errorf("%w: %s search needs the index's embedder", ErrEmbedder, mode)
+		}
+		return mode, nil
+	}
+	return 0, fmt.Errorf("retrieval: unknown search mode %d", int(mode))
+}
+
+func (ix *Index) embedQuery(ctx context.Context, query string, dims int) ([]float32, error) {
+	vs, err := ix.opts.Embedder.Embed(ctx, []string{query})
+	if err != nil {
+		return nil, fmt.Errorf("embed query: %w", err)
+	}
+	if len(vs) != 1 {
+		return nil, fmt.Errorf("embed query: embedder returned %d vectors for 1 text", len(vs))
+	}
+	qv, err := unit(vs[0])
+	if err != nil {
+		return nil, fmt.Errorf("embed query: %w", err)
+	}
+	if dims != 0 && len(qv) != dims {
+		return nil, fmt.Errorf("%w: query has %d dimensions, index %d", ErrEmbedder, len(qv), dims)
+	}
+	return qv, nil
+}
+
+// fuse merges the rankers' lists (each best first) into hits with R set.
+// Passage holds only the ID; the caller fills in the rest.
+func fuse(mode Mode, lex []scored, upper float64, sem []scored) []Hit {
+	byID := map[uint64]*Hit{}
+	var order []uint64
+	get := func(id uint64) *Hit {
+		h := byID[id]
+		if h == nil {
+			h = &Hit{Passage: Passage{ID: id}}
+			byID[id] = h
+			order = append(order, id)
+		}
+		return h
+	}
+	for i, s := range lex {
+		h := get(s.id)
+		h.BM25Rank, h.BM25 = i+1, s.score
+	}
+	for i, s := range sem {
+		h := get(s.id)
+		h.DenseRank, h.Cosine = i+1, s.score
+	}
+	hits := make([]Hit, 0, len(order))
+	for _, id := range order {
+		h := byID[id]
+		switch mode {
+		case ModeBM25:
+			h.Score = bm25R(h.BM25, upper)
+		case ModeDense:
+			h.Score = denseR(h.Cosine)
+		default:
+			var s float64
+			if h.BM25Rank > 0 {
+				s += 1 / float64(RRFK+h.BM25Rank)
+			}
+			if h.DenseRank > 0 {
+				s += 1 / float64(RRFK+h.DenseRank)
+			}
+			h.Score = rrfR(s, 2)
+		}
+		hits = append(hits, *h)
+	}
+	return hits
+}

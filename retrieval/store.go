@@ -1,0 +1,182 @@
+package retrieval
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+)
+
+// formatVersion is the on-disk layout version; Open refuses others.
+const formatVersion = 1
+
+// File names inside an index directory.
+const (
+	manifestFile = "manifest.json"
+	passagesFile = "passages.jsonl"
+	filesFile    = "files.json"
+	bleveDir     = "bleve"
+	graphFile    = "dense.hnsw"
+)
+
+// Manifest describes an index; it is written last on every commit, so its
+// counts are what the other files must agree with.
+type Manifest struct {
+	Version     int       `json:"version"`
+	Created     time.Time `json:"created"`
+	Updated     time.Time `json:"updated"`
+	Generation  uint64    `json:"generation"` // commits so far
+	ChunkTokens int       `json:"chunk_tokens"`
+	Overlap     int       `json:"overlap"`
+	Tokenizer   string    `json:"tokenizer"`
+	Dense       bool      `json:"dense"`
+	Embedder    string    `json:"embedder,omitempty"`
+	Dims        int       `json:"dims,omitempty"`
+	Passages    int       `json:"passages"`
+	Sources     int       `json:"sources"`
+	Files       int       `json:"files"`
+	// GraphNodes counts the HNSW graph's nodes, deleted passages not yet
+	// compacted away included.
+	GraphNodes int    `json:"graph_nodes"`
+	NextID     uint64 `json:"next_id"`
+}
+
+// Passage is a span of a source document.
+type Passage struct {
+	ID     uint64 `json:"id"`
+	Source string `json:"source"`
+	// Start and End are byte offsets into the document's text (see
+	// Document.Text): for UTF-8 text files, into the file.
+	Start  int               `json:"start"`
+	End    int               `json:"end"`
+	Tokens int               `json:"tokens"`
+	Text   string            `json:"text"`
+	Meta   map[string]string `json:"meta,omitempty"`
+}
+
+// fileRecord remembers an ingested file, so that Add skips it while it is
+// unchanged and replaces all its passages when it changes.
+type fileRecord struct {
+	Size    int64     `json:"size"`
+	ModTime time.Time `json:"mod_time"`
+	Sources []string  `json:"sources"`
+}
+
+// writeFileAtomic replaces path with what write produces, through a
+// synced temporary file and a rename, so a crash leaves the old or the
+// new file, never half of one.
+func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	bw := bufio.NewWriterSize(tmp, 1<<20)
+	if err := write(bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func writeJSON(path string, v any) error {
+	return writeFileAtomic(path, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	})
+}
+
+func readManifest(dir string) (Manifest, error) {
+	var m Manifest
+	data, err := os.ReadFile(filepath.Join(dir, manifestFile))
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return m, fmt.Errorf("decode %s: %w", manifestFile, err)
+	}
+	return m, nil
+}
+
+func writePassages(path string, ps map[uint64]*Passage) error {
+	ids := make([]uint64, 0, len(ps))
+	for id := range ps {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return writeFileAtomic(path, func(w io.Writer) error {
+		enc := json.NewEncoder(w)
+		for _, id := range ids {
+			if err := enc.Encode(ps[id]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func readPassages(path string) (map[uint64]*Passage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ps := map[uint64]*Passage{}
+	dec := json.NewDecoder(bufio.NewReaderSize(f, 1<<20))
+	for line := 1; ; line++ {
+		p := new(Passage)
+		if err := dec.Decode(p); err == io.EOF {
+			return ps, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s record %d: %w", passagesFile, line, err)
+		}
+		if _, dup := ps[p.ID]; dup {
+			return nil, fmt.Errorf("%s record %d: duplicate passage id %d", passagesFile, line, p.ID)
+		}
+		ps[p.ID] = p
+	}
+}
+
+func readFiles(path string) (map[string]*fileRecord, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]*fileRecord{}
+	if err := json.Unmarshal(data, &files); err != nil {
+		return nil, fmt.Errorf("decode %s: %w", filesFile, err)
+	}
+	return files, nil
+}
+
+// dirSize is the bytes of the files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if info, err := d.Info(); err == nil {
+				n += info.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
