@@ -1,0 +1,218 @@
+package spec
+
+import (
+	"math"
+	"slices"
+)
+
+// VerifyTable holds the measured milliseconds of one forward pass by batch
+// rows, interpolated linearly between measurements (Lever's verification
+// profile). Fill it from the profiler; Observe refines it online.
+type VerifyTable struct {
+	pts []costPoint // ascending rows
+	// LeafMs is the extra cost of each KV sequence a pass adds beyond the
+	// plain decode's (tree branches: sequence copies and bookkeeping).
+	LeafMs float64
+}
+
+type costPoint struct {
+	rows int
+	ms   float64
+}
+
+// priorSlope: with fewer than two measurements, each extra row is assumed
+// to cost this fraction of a one-row pass. A placeholder until measured.
+const priorSlope = 0.2
+
+// Set records a measurement, replacing any at the same size.
+func (t *VerifyTable) Set(rows int, ms float64) {
+	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
+	if found {
+		t.pts[i].ms = ms
+		return
+	}
+	t.pts = slices.Insert(t.pts, i, costPoint{rows, ms})
+}
+
+// Observe blends a new measurement into the table (moving average).
+func (t *VerifyTable) Observe(rows int, ms float64) {
+	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
+	if found {
+		ms = 0.8*t.pts[i].ms + 0.2*ms
+	}
+	t.Set(rows, ms)
+}
+
+// At estimates the milliseconds of a pass of rows rows. Beyond the measured
+// range it extrapolates the nearest segment's slope (never decreasing).
+// With no measurement it returns relative units, a one-row pass costing 1.
+func (t *VerifyTable) At(rows int) float64 {
+	switch len(t.pts) {
+	case 0:
+		return 1 + priorSlope*float64(rows-1)
+	case 1:
+		p := t.pts[0]
+		base := p.ms / (1 + priorSlope*float64(p.rows-1))
+		return base * (1 + priorSlope*float64(rows-1))
+	}
+	i, _ := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
+	i = min(max(i, 1), len(t.pts)-1)
+	a, b := t.pts[i-1], t.pts[i]
+	slope := max(0, (b.ms-a.ms)/float64(b.rows-a.rows))
+	return max(a.ms+slope*float64(rows-a.rows), math.SmallestNonzeroFloat64)
+}
+
+// ExpectedTokens is the expected number of tokens one verification of a
+// γ-token draft emits (accepted + correction) at per-token acceptance α:
+// (1 − α^{γ+1})/(1 − α).
+func ExpectedTokens(alpha float64, gamma int) float64 {
+	if alpha >= 1 {
+		return float64(gamma + 1)
+	}
+	return (1 - math.Pow(alpha, float64(gamma+1))) / (1 - alpha)
+}
+
+// CostModel decides whether and how far to speculate (003 Eq. 1 with a
+// measured verification table): the speedup of a γ-token draft over plain
+// decoding is S(α, γ) = E[tokens](α, γ)·t_decode / (t_draft(γ) + t_verify(γ+1)).
+type CostModel struct {
+	Verify *VerifyTable
+	Acc    *Acceptance
+	// Seqs is the number of KV sequences each pass decodes (one per
+	// retrieved passage): a pass of n tokens has n·Seqs rows.
+	Seqs int
+	// MaxDraft bounds γ.
+	MaxDraft int
+	// Margin: speculate only when the predicted speedup exceeds 1+Margin,
+	// so that estimation noise does not buy slower steps.
+	Margin float64
+	// DraftMs is the drafting cost per draft token (moving average).
+	DraftMs float64
+	// Window is how many steps are pooled into one PredictionLog entry:
+	// single steps emit a geometric number of tokens, too noisy to score.
+	Window int
+	Log    PredictionLog
+
+	win window
+}
+
+// window pools the predictions and measurements of a few steps.
+type window struct {
+	steps           int
+	predTok, predMs float64
+	measTok, measMs float64
+}
+
+// NewCostModel returns a model over one sequence with a 5% margin.
+func NewCostModel(acc *Acceptance, table *VerifyTable, maxDraft int) *CostModel {
+	return &CostModel{Verify: table, Acc: acc, Seqs: 1, MaxDraft: maxDraft, Margin: 0.05, DraftMs: 0.01, Window: 16}
+}
+
+// Plan is a decision for one step, to be handed back to Observe.
+type Plan struct {
+	// Gamma is the number of draft tokens (tree nodes) to verify; 0 means
+	// decode the pending token alone.
+	Gamma    int
+	MatchLen int     // acceptance bucket of the draft
+	Tokens   float64 // predicted tokens emitted
+	Ms       float64 // predicted step time
+}
+
+// TreeCost predicts the milliseconds of drafting and verifying a tree of
+// nodes draft nodes and leaves branches (a linear draft has one leaf).
+func (m *CostModel) TreeCost(nodes, leaves int) float64 {
+	return m.DraftMs*float64(nodes) + m.Verify.At((nodes+1)*m.Seqs) + m.Verify.LeafMs*float64((leaves-1)*m.Seqs)
+}
+
+// Speedup is S(α, γ) against plain decoding.
+func (m *CostModel) Speedup(alpha float64, gamma int) float64 {
+	return ExpectedTokens(alpha, gamma) * m.TreeCost(0, 1) / m.TreeCost(gamma, 1)
+}
+
+// Choose picks the draft length maximizing predicted tokens per second for
+// a draft made from a match of matchLen with avail tokens on offer, or 0
+// when no length beats plain decoding by the margin.
+func (m *CostModel) Choose(matchLen, avail int) Plan {
+	alpha := m.Acc.Alpha(matchLen)
+	best := Plan{MatchLen: matchLen, Tokens: 1, Ms: m.TreeCost(0, 1)}
+	bestS := 1 + m.Margin
+	for g := 1; g <= min(avail, m.MaxDraft); g++ {
+		if s := m.Speedup(alpha, g); s > bestS {
+			bestS = s
+			best = Plan{Gamma: g, MatchLen: matchLen, Tokens: ExpectedTokens(alpha, g), Ms: m.TreeCost(g, 1)}
+		}
+	}
+	return best
+}
+
+// PlanTree is the plan of a tree built by BuildTree.
+func (m *CostModel) PlanTree(t *Tree, matchLen int) Plan {
+	return Plan{Gamma: t.Size(), MatchLen: matchLen, Tokens: t.Gain, Ms: t.Cost}
+}
+
+// Outcome is what one step measured.
+type Outcome struct {
+	Accepted, Attempted int // from the Verdict
+	Rows                int // batch entries of the verification pass
+	Seqs                int // KV sequences it decoded
+	DraftMs, VerifyMs   float64
+}
+
+// Observe updates acceptance, costs and the prediction log with the outcome
+// of a step planned as p.
+func (m *CostModel) Observe(p Plan, o Outcome) {
+	m.Acc.Observe(p.MatchLen, o.Accepted, o.Attempted)
+	if o.VerifyMs > 0 && o.Rows > 0 {
+		extra := float64(max(0, o.Seqs-m.Seqs))
+		m.Verify.Observe(o.Rows, max(o.VerifyMs-m.Verify.LeafMs*extra, 0))
+	}
+	if p.Gamma > 0 && o.DraftMs > 0 {
+		m.DraftMs = 0.8*m.DraftMs + 0.2*o.DraftMs/float64(p.Gamma)
+	}
+	w := &m.win
+	w.steps++
+	w.predTok += p.Tokens
+	w.predMs += p.Ms
+	w.measTok += float64(o.Accepted + 1)
+	w.measMs += o.DraftMs + o.VerifyMs
+	if w.steps >= max(m.Window, 1) {
+		if w.predMs > 0 && w.measMs > 0 {
+			m.Log.Add(1000*w.predTok/w.predMs, 1000*w.measTok/w.measMs)
+		}
+		*w = window{}
+	}
+}
+
+// PredictionLog pairs predicted and measured throughputs (tokens/s).
+type PredictionLog struct {
+	pairs [][2]float64
+}
+
+// Add records one prediction and what was measured.
+func (l *PredictionLog) Add(predicted, measured float64) {
+	l.pairs = append(l.pairs, [2]float64{predicted, measured})
+}
+
+// Len is the number of pairs.
+func (l *PredictionLog) Len() int { return len(l.pairs) }
+
+// Pairs returns the (predicted, measured) pairs, oldest first.
+func (l *PredictionLog) Pairs() [][2]float64 { return slices.Clone(l.pairs) }
+
+// MAPE is the mean absolute percentage error of the predictions, in
+// percent; pairs with no measured value are skipped, and NaN means none.
+func (l *PredictionLog) MAPE() float64 {
+	var s float64
+	n := 0
+	for _, p := range l.pairs {
+		if p[1] == 0 {
+			continue
+		}
+		s += math.Abs(p[0]-p[1]) / math.Abs(p[1])
+		n++
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return 100 * s / float64(n)
+}

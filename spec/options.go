@@ -1,0 +1,121 @@
+package spec
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalid reports a caller error: bad options, unknown document, a
+// rollback past the prompt, mismatched slice lengths.
+var ErrInvalid = errors.New("spec: invalid argument")
+
+// Options configure local speculative decoding.
+type Options struct {
+	Enabled bool
+	// MaxDraft is the longest linear draft and the deepest tree.
+	MaxDraft int
+	// TreeBudget is the most draft nodes of a token tree; at most 1 means
+	// linear drafts.
+	TreeBudget int
+	// Branching is the most children a tree node is offered.
+	Branching int
+	// Calibration hangs the model's own likely successors off context
+	// positions (sd.npu §3.3).
+	Calibration bool
+	// Reuse re-offers the plausible tail of a rejected draft (sd.npu §3.4).
+	Reuse bool
+	// ReuseBudget is how many drafted tokens a held segment survives: it is
+	// always offered once, then dropped once drafts made while holding it
+	// add up past the budget.
+	ReuseBudget int
+	Calibrate   CalibrationOptions
+}
+
+// CalibrationOptions shape the calibrated paths.
+type CalibrationOptions struct {
+	// MinProb is the smallest successor probability followed.
+	MinProb float32
+	// MinJoint is the smallest probability of a whole path.
+	MinJoint float32
+	// MaxDepth is the most calibrated tokens hung off one context position.
+	MaxDepth int
+	// Weight scales a calibrated node's probability into occurrences: a
+	// successor with probability p counts Weight·p times, against 1 for a
+	// context occurrence, so a confident model outvotes the raw context.
+	Weight float32
+	// MaxOrder is the longest n-gram looked up in the context to find where
+	// to read the successors of a calibrated token.
+	MaxOrder int
+}
+
+// DefaultOptions: drafts up to 8 tokens, trees up to 16 nodes, calibration
+// and reuse on.
+func DefaultOptions() Options {
+	return Options{
+		Enabled:     true,
+		MaxDraft:    8,
+		TreeBudget:  16,
+		Branching:   3,
+		Calibration: true,
+		Reuse:       true,
+		ReuseBudget: 16,
+		Calibrate: CalibrationOptions{
+			MinProb:  0.1,
+			MinJoint: 0.05,
+			MaxDepth: 4,
+			Weight:   4,
+			MaxOrder: 3,
+		},
+	}
+}
+
+// Validate checks the options.
+func (o Options) Validate() error {
+	c := o.Calibrate
+	switch {
+	case o.MaxDraft < 1:
+		return fmt.Errorf("%w: MaxDraft %d < 1", ErrInvalid, o.MaxDraft)
+	case o.TreeBudget < 0:
+		return fmt.Errorf("%w: TreeBudget %d < 0", ErrInvalid, o.TreeBudget)
+	case o.Branching < 1:
+		return fmt.Errorf("%w: Branching %d < 1", ErrInvalid, o.Branching)
+	case o.ReuseBudget < 0:
+		return fmt.Errorf("%w: ReuseBudget %d < 0", ErrInvalid, o.ReuseBudget)
+	case c.MinProb < 0 || c.MinProb > 1 || c.MinJoint < 0 || c.MinJoint > 1:
+		return fmt.Errorf("%w: calibration probabilities %v, %v outside [0, 1]", ErrInvalid, c.MinProb, c.MinJoint)
+	case c.MaxDepth < 1 || c.MaxOrder < 1 || c.Weight <= 0:
+		return fmt.Errorf("%w: calibration MaxDepth %d, MaxOrder %d, Weight %v must be positive", ErrInvalid, c.MaxDepth, c.MaxOrder, c.Weight)
+	}
+	return nil
+}
+
+// Stats are plain counters for export as metrics.
+type Stats struct {
+	Steps          uint64 // verification passes
+	Drafts         uint64 // passes that verified at least one draft token
+	DraftedTokens  uint64
+	AcceptedTokens uint64
+	ReusedDrafts   uint64 // drafts that came from a reused segment
+}
+
+// Record counts one verification pass of drafted tokens.
+func (s *Stats) Record(drafted, accepted int, reused bool) {
+	s.Steps++
+	if drafted == 0 {
+		return
+	}
+	s.Drafts++
+	s.DraftedTokens += uint64(drafted)
+	s.AcceptedTokens += uint64(accepted)
+	if reused {
+		s.ReusedDrafts++
+	}
+}
+
+// MeanAccepted is the mean number of accepted draft tokens per draft.
+func (s Stats) MeanAccepted() float64 {
+	if s.Drafts == 0 {
+		return 0
+	}
+	return float64(s.AcceptedTokens) / float64(s.Drafts)
+}
