@@ -112,8 +112,8 @@ func (d *Drafter) Append(toks ...Token) error {
 }
 
 // Rollback removes the last n tokens of the open answer (the aggregator
-// rejected them). They stay in the index as a dead branch, plausible text
-// the model wrote; the answer goes on from the earlier prefix's state.
+// rejected them): they stop counting, and the answer goes on from the
+// earlier prefix's state.
 func (d *Drafter) Rollback(n int) error {
 	if d.gen < 0 {
 		return fmt.Errorf("%w: rollback with no open answer", ErrInvalid)
@@ -123,6 +123,9 @@ func (d *Drafter) Rollback(n int) error {
 		return fmt.Errorf("%w: rollback of %d tokens with %d generated", ErrInvalid, n, len(dc.toks)-d.genPrompt)
 	}
 	keep := len(dc.toks) - n
+	for i := len(dc.states) - 1; i >= keep; i-- {
+		d.idx.Remove(dc.states[i], 1)
+	}
 	dc.toks, dc.states = dc.toks[:keep], dc.states[:keep]
 	d.reuse.clear()
 	return nil
@@ -147,6 +150,23 @@ func (d *Drafter) Match() (int32, int) {
 		s = d.idx.Link(s)
 	}
 	return s, d.idx.Len(s)
+}
+
+// minBackoff is the shortest context a draft backs off to when the text it
+// spelled so far is never continued (a calibrated path ends, say): a
+// bigram still predicts well, a lone token does not.
+const minBackoff = 2
+
+// backoff returns s, or its longest suffix state of at least minBackoff
+// tokens, that has a continuation.
+func (d *Drafter) backoff(s int32) (int32, bool) {
+	for !d.idx.HasChildren(s) {
+		s = d.idx.Link(s)
+		if s <= 0 || d.idx.Len(s) < minBackoff {
+			return 0, false
+		}
+	}
+	return s, true
 }
 
 // Candidates appends the continuations of the current match, heaviest
@@ -177,15 +197,10 @@ func (d *Drafter) Draft() Draft {
 	}
 	s, n := d.Match()
 	out := Draft{MatchLen: n}
-	if n > 0 {
-		for len(out.Tokens) < d.opts.MaxDraft {
-			c, ok := d.idx.Best(s)
-			if !ok {
-				break
-			}
-			out.Tokens = append(out.Tokens, c.Token)
-			s = c.State
-		}
+	for ok := n > 0; ok && len(out.Tokens) < d.opts.MaxDraft; s, ok = d.backoff(s) {
+		c, _ := d.idx.Best(s)
+		out.Tokens = append(out.Tokens, c.Token)
+		s = c.State
 	}
 	if seg := d.heldSegment(); len(seg) > 0 {
 		seg = seg[:min(len(seg), d.opts.MaxDraft)]
@@ -292,6 +307,10 @@ func (ts *TreeSource) Children(h Handle, dst []Candidate) []Candidate {
 
 func (ts *TreeSource) indexChildren(s int32, dst []Candidate) []Candidate {
 	d := ts.d
+	s, ok := d.backoff(s)
+	if !ok {
+		return dst
+	}
 	d.kids = d.idx.Children(s, d.kids[:0])
 	var total float64
 	for _, c := range d.kids {

@@ -78,7 +78,18 @@ func (x *Index) Weight(s int32) float32 { return x.st[s].occ }
 func (x *Index) States() int { return len(x.st) }
 
 // HasChildren reports whether some occurrence of s is followed by a token.
-func (x *Index) HasChildren(s int32) bool { return x.st[s].head >= 0 }
+func (x *Index) HasChildren(s int32) bool {
+	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
+		if x.live(x.edges[e].to) {
+			return true
+		}
+	}
+	return false
+}
+
+// live: a state whose occurrences were all removed keeps its transitions
+// (automata do not shrink) but is no longer offered.
+func (x *Index) live(s int32) bool { return x.st[s].occ > 1e-6 }
 
 func key(s int32, t Token) uint64 { return uint64(uint32(s))<<32 | uint64(uint32(t)) }
 
@@ -97,6 +108,9 @@ func (x *Index) Children(s int32, dst []Child) []Child {
 	start := len(dst)
 	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
 		to := x.edges[e].to
+		if !x.live(to) {
+			continue
+		}
 		dst = append(dst, Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick})
 	}
 	slices.SortFunc(dst[start:], func(a, b Child) int {
@@ -111,6 +125,9 @@ func (x *Index) Best(s int32) (Child, bool) {
 	found := false
 	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
 		to := x.edges[e].to
+		if !x.live(to) {
+			continue
+		}
 		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick}
 		if !found || c.Weight > best.Weight || c.Weight == best.Weight && (c.Tick > best.Tick || c.Tick == best.Tick && c.Token < best.Token) {
 			best, found = c, true
@@ -138,6 +155,7 @@ func (x *Index) Extend(last int32, t Token, w float32) int32 {
 		return c
 	}
 	cur := x.newState(x.st[last].len+1, 0, 0)
+	x.st[cur].link = 0 // unless a suffix of the new string occurred before
 	p := last
 	for p >= 0 {
 		if _, ok := x.next[key(p, t)]; ok {
@@ -156,6 +174,16 @@ func (x *Index) Extend(last int32, t Token, w float32) int32 {
 	}
 	x.bump(cur, w)
 	return cur
+}
+
+// Remove withdraws an occurrence of weight w that ended in s, as returned
+// by Extend: an answer's rolled-back tokens stop counting as evidence.
+// Recency is not rewound.
+func (x *Index) Remove(s int32, w float32) {
+	for i := 0; s > 0 && i < maxBump; i++ {
+		x.st[s].occ -= w
+		s = x.st[s].link
+	}
 }
 
 // split clones q so that the strings of q up to length len(p)+1 get their
