@@ -250,7 +250,7 @@ func (ix *Index) load() error {
 	}
 	if ix.bm25, err = openBM25(bdir, ix.opts.ReadOnly); err != nil {
 		if strings.Contains(err.Error(), "timeout") {
-			return fmt.Errorf("open %s: bleve index is locked by another process: %w", dir, err)
+			return fmt.Errorf("open %s: index is in use by another process (a running daemon or index command?): %w", dir, err)
 		}
 		return corrupt(dir, "unreadable bleve index", err)
 	}
