@@ -41,7 +41,8 @@ type CalibrationOptions struct {
 	MaxDepth int
 	// Weight scales a calibrated node's probability into occurrences: a
 	// successor with probability p counts Weight·p times, against 1 for a
-	// context occurrence, so a confident model outvotes the raw context.
+	// context occurrence, so a confident model (p > 1/Weight) outvotes
+	// the raw context.
 	Weight float32
 	// MaxOrder is the longest n-gram looked up in the context to find where
 	// to read the successors of a calibrated token.
