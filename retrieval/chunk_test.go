@@ -57,6 +57,35 @@ func TestChunkAlignsWithTokens(t *testing.T) {
 	}
 }
 
+func TestTokenBoundsMatchPieces(t *testing.T) {
+	tests := []struct {
+		name string
+		tok  Tokenizer
+		text string
+		trim bool // compare without surrounding white space
+	}{
+		{"bytes", fakeModel(), "naïve café, 東京!", false},
+		{"words", newWordTokenizer(), "one two  three   four", false},
+		{"sentencepiece adds a space and collapses runs", &spTokenizer{*newWordTokenizer()}, "alpha  beta\t\tgamma    delta", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			toks, bounds, err := tokenBounds(tc.tok, tc.text)
+			require.NoError(t, err)
+			require.Len(t, bounds, len(toks)+1)
+			assert.Equal(t, 0, bounds[0])
+			assert.Equal(t, len(tc.text), bounds[len(toks)])
+			for i, tk := range toks {
+				got, want := tc.text[bounds[i]:bounds[i+1]], string(tc.tok.Piece(tk))
+				if tc.trim {
+					got, want = strings.TrimSpace(got), strings.TrimSpace(want)
+				}
+				assert.Equal(t, want, got, "token %d", i)
+			}
+		})
+	}
+}
+
 func TestChunkOverlap(t *testing.T) {
 	text := strings.Repeat("abcdefghij", 20) // 200 bytes = 200 fake tokens
 	tests := []struct {
