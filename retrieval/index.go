@@ -193,20 +193,31 @@ func create(dir string, opts Options) (*Index, error) {
 	return ix, nil
 }
 
+// ReadManifest reads an index's manifest without opening the index, e.g.
+// to learn whether it is dense before loading a model.
+func ReadManifest(dir string) (Manifest, error) {
+	dir = filepath.Clean(dir)
+	man, err := readManifest(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return man, fmt.Errorf("%w at %s: build one with: dragon index build --dir %s PATHS...", ErrNoIndex, dir, dir)
+	}
+	if err != nil {
+		return man, corrupt(dir, "unreadable manifest", err)
+	}
+	if man.Version != formatVersion {
+		return man, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d", man.Version, formatVersion), nil)
+	}
+	return man, nil
+}
+
 // Open opens the index at dir. A missing index gives ErrNoIndex, a
 // damaged one ErrCorrupt; both messages say how to rebuild.
 func Open(dir string, opts Options) (*Index, error) {
 	opts = opts.withDefaults()
 	dir = filepath.Clean(dir)
-	man, err := readManifest(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w at %s: build one with: dragon index build --dir %s PATHS...", ErrNoIndex, dir, dir)
-	}
+	man, err := ReadManifest(dir)
 	if err != nil {
-		return nil, corrupt(dir, "unreadable manifest", err)
-	}
-	if man.Version != formatVersion {
-		return nil, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d", man.Version, formatVersion), nil)
+		return nil, err
 	}
 	if opts.Embedder != nil && man.Dense && embedderID(opts.Embedder) != man.Embedder {
 		return nil, fmt.Errorf("%w: index %s was embedded with %q, not %q: use that model or %s",
