@@ -71,9 +71,6 @@ func (x *Index) Len(s int32) int { return int(x.st[s].len) }
 // Link is the suffix link of s (-1 for the root).
 func (x *Index) Link(s int32) int32 { return x.st[s].link }
 
-// Weight is the weighted number of occurrences of the strings of s.
-func (x *Index) Weight(s int32) float32 { return x.st[s].occ }
-
 // States is the number of states, a measure of memory use.
 func (x *Index) States() int { return len(x.st) }
 

@@ -1,7 +1,6 @@
 package spec
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -21,32 +20,39 @@ const draws = 20000
 type target struct {
 	m     *fake.Model
 	k     int
-	cache map[string][]float32
+	cache map[string]dist
+}
+
+type dist struct {
+	p   []float32
+	top []engine.TokenLogit
 }
 
 func newTarget() *target {
-	return &target{m: fake.New(fake.Config{Seed: 3, Scale: 1}), k: 5, cache: map[string][]float32{}}
+	return &target{m: fake.New(fake.Config{Seed: 3, Scale: 1}), k: 5, cache: map[string]dist{}}
 }
 
-func (tg *target) probs(h []Token) []float32 {
-	key := fmt.Sprint(h)
-	if p, ok := tg.cache[key]; ok {
-		return p
+func (tg *target) dist(h []Token) dist {
+	key := make([]byte, 0, 2*len(h))
+	for _, t := range h {
+		key = append(key, byte(t), byte(t>>8))
+	}
+	if d, ok := tg.cache[string(key)]; ok {
+		return d
 	}
 	logits := tg.m.Distribution(h)
-	top := engine.TopK(logits, tg.k, nil)
-	p := make([]float32, len(logits))
-	for _, s := range SuccessorsFromTopK(top, nil) {
-		p[s.Token] = s.Prob
+	d := dist{p: make([]float32, len(logits)), top: engine.TopK(logits, tg.k, nil)}
+	for _, s := range SuccessorsFromTopK(d.top, nil) {
+		d.p[s.Token] = s.Prob
 	}
-	tg.cache[key] = p
-	return p
+	tg.cache[string(key)] = d
+	return d
 }
 
+func (tg *target) probs(h []Token) []float32 { return tg.dist(h).p }
+
 // ranked returns the token of rank r (0: most likely) after h.
-func (tg *target) ranked(h []Token, r int) Token {
-	return engine.TopK(tg.m.Distribution(h), r+1, nil)[r].Token
-}
+func (tg *target) ranked(h []Token, r int) Token { return tg.dist(h).top[r].Token }
 
 func cat(h []Token, more ...Token) []Token { return append(slices.Clone(h), more...) }
 
