@@ -35,10 +35,14 @@ type doc struct {
 
 // NewDrafter returns an empty drafter. acc supplies the acceptance rates
 // that rank reuse against matches and weigh tree candidates; share it with
-// the CostModel so both learn from the same observations.
+// the CostModel so both learn from the same observations (nil: a private
+// one with prior 0.5).
 func NewDrafter(opts Options, acc *Acceptance) (*Drafter, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("new drafter: %w", err)
+	}
+	if acc == nil {
+		acc = NewAcceptance(0.5)
 	}
 	return &Drafter{opts: opts, idx: NewIndex(), acc: acc, gen: -1}, nil
 }
@@ -72,7 +76,8 @@ func (d *Drafter) extend(id DocID, toks []Token) {
 // Calibrate hangs the model's likely successors off the positions of a
 // document (in-context calibration, sd.npu §3.3). succ[i] holds the top
 // successors predicted at position i of the document, from its prefill
-// logits (SuccessorsFromTopK); missing rows are skipped. It returns the
+// logits (SuccessorsFromTopK); missing rows are skipped. Call it once per
+// document: a second call counts the same evidence twice. It returns the
 // number of calibrated nodes inserted (0 when calibration is off).
 func (d *Drafter) Calibrate(id DocID, succ [][]Successor) (int, error) {
 	if id < 0 || int(id) >= len(d.docs) {
