@@ -75,6 +75,10 @@ func TestRoundTrip(t *testing.T) {
 	lastHeavy[vocabQwen-1] = 5 // unnormalised input is fine
 	zeroDrafted := llmLike(rng, vocabSmol)
 	zeroDrafted[7] = 0
+	scaledDown := llmLike(rng, vocabSmol) // sums to 0.01: the two-pass path
+	for i := range scaledDown {
+		scaledDown[i] /= 100
+	}
 
 	cases := []struct {
 		name    string
@@ -92,6 +96,7 @@ func TestRoundTrip(t *testing.T) {
 		{"one-hot at the last id", oneHot, 0.8, NoToken},
 		{"one-hot, drafted elsewhere", oneHot, 0.8, 3},
 		{"last id heavy, unnormalised", lastHeavy, 0.9, NoToken},
+		{"sums to 0.01", scaledDown, 0.8, NoToken},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
