@@ -5,6 +5,7 @@ BUILD := $(CURDIR)/build
 MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 THREADS ?= 2
 MALGO := github.com/gen2brain/malgo@v0.11.24
+OLLAMA := github.com/ollama/ollama@v0.17.4
 
 # cgo settings for llama.cpp (vendored by github.com/ollama/ollama/llama):
 # miniaudio.h is missing from the module zip, and without -march ggml builds
@@ -22,17 +23,25 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 all: build
 
-deps: $(BUILD)/include/miniaudio.h
+deps: $(BUILD)/include/miniaudio/miniaudio.h $(BUILD)/include/llamacpp/llama.h
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-$(BUILD)/include/miniaudio.h:
-	@mkdir -p $(BUILD)/include
-	$(GO) mod download $(MALGO)
+# llama.cpp's mtmd includes "miniaudio/miniaudio.h"; the Go module of malgo ships it.
+$(BUILD)/include/miniaudio/miniaudio.h:
+	@mkdir -p $(@D)
 	install -m 644 "$$($(GO) mod download -json $(MALGO) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/miniaudio.h" $@
+
+# Our cgo shim (engine/llamacpp) compiles against the headers of the very
+# llama.cpp that the pinned ollama module vendors.
+$(BUILD)/include/llamacpp/llama.h:
+	@mkdir -p $(@D)
+	@dir=$$($(GO) mod download -json $(OLLAMA) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); \
+	install -m 644 $$dir/ml/backend/ggml/ggml/include/ggml*.h $$dir/ml/backend/ggml/ggml/include/gguf.h $(@D)/ && \
+	install -m 644 $$dir/llama/llama.cpp/include/llama.h $@
 
 model:
 	@scripts/fetch-model.sh models

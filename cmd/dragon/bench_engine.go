@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/enginebench"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchEngineCmd) }
+
+func newBenchEngineCmd() *cobra.Command {
+	var (
+		modelPath, profile string
+		threads, reps, ctx int
+		asJSON             bool
+	)
+	cmd := &cobra.Command{
+		Use:   "engine",
+		Short: "Decode, batched verification, multi-sequence decode and prefill costs",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := llamacpp.Load(modelPath, llamacpp.Options{Threads: threads})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			stop, err := startProfile(profile)
+			if err != nil {
+				return err
+			}
+			res, err := enginebench.Run(cmd.Context(), m, enginebench.Options{
+				Threads: threads, CtxTokens: ctx, Reps: reps,
+				InsideDecode: func(c engine.Context) time.Duration {
+					return c.(*llamacpp.Context).LastDecodeInside()
+				},
+			})
+			stop()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), res)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "model %s, %d threads, context %d, median of %d\n", res.Model, res.Threads, res.CtxTokens, res.Reps)
+			fmt.Fprintf(out, "decode %.2f ms, prefill %.0f tok/s\n", res.DecodeMS, res.PrefillTokS)
+			for _, k := range enginebench.VerifySizes {
+				fmt.Fprintf(out, "verify %2d tokens: %.2f ms\n", k, res.VerifyMS[fmt.Sprint(k)])
+			}
+			for _, k := range enginebench.MultiseqSizes {
+				fmt.Fprintf(out, "%d sequences × 1 token: %.2f ms\n", k, res.MultiseqMS[fmt.Sprint(k)])
+			}
+			fmt.Fprintf(out, "verify16/decode %.2f, multiseq8/multiseq1 %.2f, wrapper share of a decode step %.1f%%\n",
+				res.Verify16OverDecode, res.Multiseq8OverMulti1, 100*res.DecodeOverheadShare)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&modelPath, "model", defaultModel(), "GGUF model file")
+	f.IntVar(&threads, "threads", 2, "compute threads")
+	f.IntVar(&reps, "reps", 30, "repetitions per figure (median reported)")
+	f.IntVar(&ctx, "ctx", 256, "context held when decoding")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.StringVar(&profile, "cpuprofile", "", "write a Go CPU profile")
+	return cmd
+}

@@ -1,0 +1,543 @@
+// Package llamacpp is the llama.cpp backend of engine, on the llama.cpp that
+// github.com/ollama/ollama/llama (pinned at v0.17.4) vendors and builds.
+//
+// The ollama package provides the compiled llama.cpp, backend
+// initialisation and the routing of llama.cpp's log to slog's level. Our own
+// cgo (shim.c) talks to llama.h directly for everything on the hot path, so
+// that one decode is one cgo call, an abort is told apart from a full KV
+// cache, and no unexported field of the binding is touched.
+//
+// Build: `make deps` puts llama.h (from the pinned module) and miniaudio.h in
+// build/include, and the Makefile sets CGO_CPPFLAGS and the -march flags.
+package llamacpp
+
+/*
+#cgo CFLAGS: -std=c11
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	ollama "github.com/ollama/ollama/llama"
+
+	"github.com/dragon-rag/dragon/engine"
+)
+
+var backendOnce sync.Once
+
+// Options configure model loading.
+type Options struct {
+	// Threads is the default compute thread count of contexts that don't
+	// set their own (0: runtime.NumCPU()).
+	Threads int
+}
+
+// Model is a llama.cpp model, memory-mapped.
+type Model struct {
+	c       *C.struct_llama_model
+	vocab   *C.struct_llama_vocab
+	info    engine.ModelInfo
+	threads int
+	pieces  [][]byte
+	eog     []bool
+	tmpl    string
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var _ engine.Model = (*Model)(nil)
+
+// Load memory-maps a GGUF model.
+func Load(path string, opts Options) (*Model, error) {
+	if err := checkGGUF(path); err != nil {
+		return nil, err
+	}
+	backendOnce.Do(initBackend)
+
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	params := C.llama_model_default_params()
+	params.use_mmap = true
+	params.n_gpu_layers = 0
+	cm := C.llama_model_load_from_file(cpath, params)
+	if cm == nil {
+		return nil, fmt.Errorf("%w: llama.cpp could not load %s (unsupported architecture or corrupt tensors; run with -v for llama.cpp's log)", engine.ErrBadModel, path)
+	}
+	m := &Model{c: cm, vocab: C.llama_model_get_vocab(cm), threads: opts.Threads}
+	if m.threads <= 0 {
+		m.threads = runtime.NumCPU()
+	}
+	n := int(C.llama_vocab_n_tokens(m.vocab))
+	m.pieces = make([][]byte, n)
+	m.eog = make([]bool, n)
+	fp := sha256.New()
+	for i := range n {
+		m.pieces[i] = m.tokenPiece(C.llama_token(i))
+		m.eog[i] = bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(i)))
+		text := C.GoString(C.llama_vocab_get_text(m.vocab, C.llama_token(i)))
+		var hdr [8]byte
+		binary.LittleEndian.PutUint32(hdr[:4], uint32(len(text)))
+		binary.LittleEndian.PutUint32(hdr[4:], uint32(C.llama_vocab_get_attr(m.vocab, C.llama_token(i))))
+		fp.Write(hdr[:])
+		fp.Write([]byte(text))
+	}
+	if t := C.llama_model_chat_template(cm, nil); t != nil {
+		m.tmpl = C.GoString(t)
+	}
+	arch := m.meta("general.architecture")
+	fmt.Fprintf(fp, "arch=%s type=%d bos=%d eos=%d", arch, C.llama_vocab_type(m.vocab),
+		C.llama_vocab_bos(m.vocab), C.llama_vocab_eos(m.vocab))
+	m.info = engine.ModelInfo{
+		Path:        path,
+		Arch:        arch,
+		Name:        m.meta("general.name"),
+		VocabSize:   n,
+		EmbedDim:    int(C.llama_model_n_embd(cm)),
+		TrainCtx:    int(C.llama_model_n_ctx_train(cm)),
+		Fingerprint: arch + "/" + hex.EncodeToString(fp.Sum(nil))[:32],
+	}
+	return m, nil
+}
+
+// checkGGUF turns the common ways a path can be wrong into clear errors
+// before llama.cpp sees it.
+func checkGGUF(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %w (fetch the default model with `make model`, or pass --model)", engine.ErrBadModel, err)
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err != nil || !bytes.Equal(magic[:], []byte("GGUF")) {
+		return fmt.Errorf("%w: %s is not a GGUF file", engine.ErrBadModel, path)
+	}
+	return nil
+}
+
+func (m *Model) meta(key string) string {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	buf := make([]byte, 256)
+	n := C.llama_model_meta_val_str(m.c, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	return string(buf[:min(int(n), len(buf)-1)])
+}
+
+func (m *Model) tokenPiece(t C.llama_token) []byte {
+	buf := make([]byte, 32)
+	for {
+		n := int(C.llama_token_to_piece(m.vocab, t, (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, true))
+		if n >= 0 {
+			return buf[:n:n]
+		}
+		buf = make([]byte, -n)
+	}
+}
+
+// Info implements engine.Model.
+func (m *Model) Info() engine.ModelInfo { return m.info }
+
+// Tokenize implements engine.Model.
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]engine.Token, error) {
+	if err := m.alive(); err != nil {
+		return nil, err
+	}
+	if text == "" && !addSpecial {
+		return nil, nil
+	}
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	out := make([]engine.Token, len(text)+2)
+	for {
+		n := int(C.llama_tokenize(m.vocab, ctext, C.int32_t(len(text)),
+			(*C.llama_token)(unsafe.Pointer(&out[0])), C.int32_t(len(out)), C.bool(addSpecial), C.bool(parseSpecial)))
+		if n >= 0 {
+			return out[:n], nil
+		}
+		if -n <= len(out) {
+			return nil, fmt.Errorf("llamacpp: tokenize failed (%d)", n)
+		}
+		out = make([]engine.Token, -n)
+	}
+}
+
+// Piece implements engine.Model.
+func (m *Model) Piece(t engine.Token) []byte {
+	if t < 0 || int(t) >= len(m.pieces) {
+		return nil
+	}
+	return m.pieces[t]
+}
+
+// IsEOG implements engine.Model.
+func (m *Model) IsEOG(t engine.Token) bool {
+	return t >= 0 && int(t) < len(m.eog) && m.eog[t]
+}
+
+// ChatPrompt implements engine.Model with the model's own template, which
+// llama.cpp recognises (ChatML for SmolLM2).
+func (m *Model) ChatPrompt(msgs []engine.Message, addAssistant bool) (string, error) {
+	if len(msgs) == 0 {
+		return "", fmt.Errorf("%w: no messages", engine.ErrInvalidInput)
+	}
+	if m.tmpl == "" {
+		return "", fmt.Errorf("%w: model %s has no chat template", engine.ErrInvalidInput, m.info.Name)
+	}
+	ctmpl := C.CString(m.tmpl)
+	defer C.free(unsafe.Pointer(ctmpl))
+	cmsgs := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(len(msgs)) * C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{}))))[:len(msgs):len(msgs)]
+	defer C.free(unsafe.Pointer(&cmsgs[0]))
+	total := 0
+	for i, msg := range msgs {
+		cmsgs[i].role = C.CString(string(msg.Role))
+		cmsgs[i].content = C.CString(msg.Content)
+		total += len(msg.Role) + len(msg.Content)
+	}
+	defer func() {
+		for _, cm := range cmsgs {
+			C.free(unsafe.Pointer(cm.role))
+			C.free(unsafe.Pointer(cm.content))
+		}
+	}()
+	buf := make([]byte, 2*total+256)
+	for {
+		n := int(C.llama_chat_apply_template(ctmpl, &cmsgs[0], C.size_t(len(msgs)), C.bool(addAssistant),
+			(*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf))))
+		if n < 0 {
+			return "", fmt.Errorf("%w: llama.cpp does not support the chat template of %s", engine.ErrInvalidInput, m.info.Name)
+		}
+		if n <= len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, n)
+	}
+}
+
+func (m *Model) alive() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return engine.ErrClosed
+	}
+	return nil
+}
+
+// Close frees the model. Contexts must be closed first.
+func (m *Model) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		C.llama_model_free(m.c)
+	}
+	return nil
+}
+
+// NewContext implements engine.Model.
+func (m *Model) NewContext(opts engine.ContextOptions) (engine.Context, error) {
+	return m.NewLlamaContext(opts, false)
+}
+
+// NewLlamaContext is NewContext with the choice of KV layout: unified puts
+// all sequences in one buffer (needed for tokens shared by several
+// sequences and partial CopySeq; attention then spans every sequence's
+// cells), otherwise each sequence has its own stream.
+func (m *Model) NewLlamaContext(opts engine.ContextOptions, unified bool) (*Context, error) {
+	if err := m.alive(); err != nil {
+		return nil, err
+	}
+	if opts.MaxSeqs <= 0 || opts.CtxPerSeq <= 0 {
+		return nil, fmt.Errorf("%w: context needs MaxSeqs and CtxPerSeq > 0 (got %d, %d)", engine.ErrInvalidInput, opts.MaxSeqs, opts.CtxPerSeq)
+	}
+	if opts.MaxSeqs > 256 {
+		return nil, fmt.Errorf("%w: at most 256 sequences (got %d)", engine.ErrInvalidInput, opts.MaxSeqs)
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = opts.CtxPerSeq
+	}
+	if opts.Threads <= 0 {
+		opts.Threads = m.threads
+	}
+	cc := C.dragon_ctx_new(m.c, C.uint32_t(opts.CtxPerSeq*opts.MaxSeqs), C.uint32_t(opts.BatchSize),
+		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified))
+	if cc == nil {
+		return nil, fmt.Errorf("llamacpp: could not create a context of %d×%d positions", opts.MaxSeqs, opts.CtxPerSeq)
+	}
+	c := &Context{
+		model:   m,
+		c:       cc,
+		lc:      C.dragon_ctx_llama(cc),
+		opts:    opts,
+		unified: unified,
+		lens:    engine.NewSeqLens(opts.MaxSeqs, opts.CtxPerSeq),
+		vocab:   len(m.pieces),
+	}
+	c.mem = C.llama_get_memory(c.lc)
+	return c, nil
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// Context is a llama.cpp decoding context.
+type Context struct {
+	model   *Model
+	c       *C.dragon_ctx
+	lc      *C.struct_llama_context
+	mem     C.llama_memory_t
+	opts    engine.ContextOptions
+	unified bool
+	lens    *engine.SeqLens
+	vocab   int
+
+	// Batch arrays handed to C, reused across calls.
+	tok, pos, nseq, seqs []int32
+	logit                []int8
+	rows                 []bool // rows of the last decode that have logits
+
+	abortMu        sync.Mutex
+	inFlight       bool
+	abortRequested bool
+	gen            uint64 // bumped on arm and disarm: late AfterFuncs miss
+	closed         bool
+}
+
+var _ engine.Context = (*Context)(nil)
+
+// Decode implements engine.Context.
+func (c *Context) Decode(ctx context.Context, b *engine.Batch) error {
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if err := c.lens.Check(b, c.vocab, c.opts.BatchSize); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %w", engine.ErrAborted, err)
+	}
+	n := len(b.Entries)
+	c.tok, c.pos, c.nseq = c.tok[:0], c.pos[:0], c.nseq[:0]
+	c.seqs, c.logit = c.seqs[:0], c.logit[:0]
+	for _, e := range b.Entries {
+		c.tok = append(c.tok, e.Token)
+		c.pos = append(c.pos, int32(e.Pos))
+		c.nseq = append(c.nseq, int32(len(e.Seqs)))
+		for _, s := range e.Seqs {
+			c.seqs = append(c.seqs, int32(s))
+		}
+		var l int8
+		if e.Logits {
+			l = 1
+		}
+		c.logit = append(c.logit, l)
+	}
+	c.rows = c.rows[:0]
+
+	gen := c.arm()
+	stop := context.AfterFunc(ctx, func() { c.abortGen(gen) })
+	code := C.dragon_decode(c.c, C.int32_t(n), (*C.int32_t)(&c.tok[0]), (*C.int32_t)(&c.pos[0]),
+		(*C.int32_t)(&c.nseq[0]), (*C.int32_t)(&c.seqs[0]), (*C.int8_t)(&c.logit[0]))
+	stop()
+	aborted := c.disarm()
+
+	if code == 0 {
+		c.lens.Apply(b)
+		for _, e := range b.Entries {
+			c.rows = append(c.rows, e.Logits)
+		}
+		return nil
+	}
+	// llama.cpp keeps the ubatches it finished: drop them so that no
+	// position of a failed batch stays in any sequence.
+	for seq, l := range c.lens.Touched(b) {
+		C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(l), -1)
+	}
+	switch {
+	case code == 2 || aborted:
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", engine.ErrAborted, ctx.Err())
+		}
+		return engine.ErrAborted
+	case code == 1:
+		return fmt.Errorf("%w: no KV slot for a batch of %d tokens", engine.ErrContextFull, n)
+	default:
+		return fmt.Errorf("llamacpp: llama_decode failed with code %d", code)
+	}
+}
+
+// arm marks a decode in flight and clears any stale abort request.
+func (c *Context) arm() uint64 {
+	c.abortMu.Lock()
+	defer c.abortMu.Unlock()
+	c.gen++
+	c.inFlight = true
+	C.dragon_abort(c.c, 0)
+	return c.gen
+}
+
+// disarm ends the decode and reports whether an abort was requested.
+func (c *Context) disarm() bool {
+	c.abortMu.Lock()
+	defer c.abortMu.Unlock()
+	c.inFlight = false
+	c.gen++
+	return c.clearAbortLocked()
+}
+
+func (c *Context) clearAbortLocked() bool {
+	was := c.abortRequested
+	c.abortRequested = false
+	C.dragon_abort(c.c, 0)
+	return was
+}
+
+func (c *Context) abortGen(gen uint64) {
+	c.abortMu.Lock()
+	defer c.abortMu.Unlock()
+	if c.inFlight && c.gen == gen {
+		c.abortRequested = true
+		C.dragon_abort(c.c, 1)
+	}
+}
+
+// Abort implements engine.Context: the decode in flight, if any, returns
+// ErrAborted as soon as ggml finishes the graph node it is computing.
+func (c *Context) Abort() {
+	c.abortMu.Lock()
+	gen := c.gen
+	c.abortMu.Unlock()
+	c.abortGen(gen)
+}
+
+func (c *Context) row(i int) error {
+	if i < 0 || i >= len(c.rows) || !c.rows[i] {
+		return fmt.Errorf("%w: batch row %d has no logits", engine.ErrInvalidInput, i)
+	}
+	return nil
+}
+
+// rawLogits is a view of row i inside llama.cpp's output buffer, valid until
+// the next Decode.
+func (c *Context) rawLogits(i int) ([]float32, error) {
+	if err := c.row(i); err != nil {
+		return nil, err
+	}
+	p := C.llama_get_logits_ith(c.lc, C.int32_t(i))
+	if p == nil {
+		return nil, fmt.Errorf("llamacpp: no logits for row %d", i)
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(p)), c.vocab), nil
+}
+
+// Logits implements engine.Context.
+func (c *Context) Logits(i int, dst []float32) ([]float32, error) {
+	raw, err := c.rawLogits(i)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst[:0], raw...), nil
+}
+
+// TopK implements engine.Context, reading llama.cpp's buffer in place.
+func (c *Context) TopK(i, k int, dst []engine.TokenLogit) ([]engine.TokenLogit, error) {
+	raw, err := c.rawLogits(i)
+	if err != nil {
+		return dst, err
+	}
+	return engine.TopK(raw, k, dst), nil
+}
+
+// Embedding implements engine.Context.
+func (c *Context) Embedding(i int, dst []float32) ([]float32, error) {
+	if !c.opts.Embeddings {
+		return dst, fmt.Errorf("%w: context created without embeddings", engine.ErrInvalidInput)
+	}
+	if err := c.row(i); err != nil {
+		return dst, err
+	}
+	p := C.llama_get_embeddings_ith(c.lc, C.int32_t(i))
+	if p == nil {
+		return dst, fmt.Errorf("llamacpp: no embedding for row %d", i)
+	}
+	return append(dst[:0], unsafe.Slice((*float32)(unsafe.Pointer(p)), c.model.info.EmbedDim)...), nil
+}
+
+// SeqLen implements engine.Context.
+func (c *Context) SeqLen(seq int) int { return c.lens.Len(seq) }
+
+// Truncate implements engine.Context.
+func (c *Context) Truncate(seq, pos int) error {
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if err := c.lens.Truncate(seq, pos); err != nil {
+		return err
+	}
+	if !C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(pos), -1) {
+		return fmt.Errorf("llamacpp: could not remove positions %d.. of sequence %d", pos, seq)
+	}
+	return nil
+}
+
+// CopySeq implements engine.Context. Without a unified KV cache, sequences
+// live in separate streams and only whole sequences can be copied.
+func (c *Context) CopySeq(src, dst, p0, p1 int) error {
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if !c.unified && (p0 != 0 || p1 != c.lens.Len(src)) {
+		return fmt.Errorf("%w: partial copy [%d, %d) of sequence %d needs a unified KV cache", engine.ErrInvalidInput, p0, p1, src)
+	}
+	if err := c.lens.Copy(src, dst, p0, p1); err != nil {
+		return err
+	}
+	if c.unified {
+		C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), C.llama_pos(p0), C.llama_pos(p1))
+	} else {
+		C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
+	}
+	return nil
+}
+
+// LastDecodeInside is how long the last Decode spent inside llama_decode.
+func (c *Context) LastDecodeInside() time.Duration {
+	return time.Duration(C.dragon_last_decode_ns(c.c))
+}
+
+// Options implements engine.Context.
+func (c *Context) Options() engine.ContextOptions { return c.opts }
+
+// VocabSize implements engine.Context.
+func (c *Context) VocabSize() int { return c.vocab }
+
+// Close implements engine.Context.
+func (c *Context) Close() error {
+	if !c.closed {
+		c.closed = true
+		C.dragon_ctx_free(c.c)
+	}
+	return nil
+}
+
+func initBackend() { ollama.BackendInit() }

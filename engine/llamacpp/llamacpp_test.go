@@ -1,0 +1,403 @@
+package llamacpp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/sampling"
+)
+
+func TestMain(m *testing.M) {
+	// llama.cpp logs through slog's level: keep its info chatter out.
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	os.Exit(m.Run())
+}
+
+// realModelPath is the default model; `make test` fetches it and exports
+// DRAGON_MODEL. Its absence is a failure, not a skip: CI must run these.
+func realModelPath(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("DRAGON_MODEL")
+	if p == "" {
+		p = "../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
+	}
+	return p
+}
+
+var (
+	realOnce  sync.Once
+	realModel *Model
+	realErr   error
+)
+
+// loadReal shares one load of the real model across tests.
+func loadReal(t *testing.T) *Model {
+	t.Helper()
+	path := realModelPath(t)
+	realOnce.Do(func() { realModel, realErr = Load(path, Options{Threads: 2}) })
+	require.NoError(t, realErr)
+	return realModel
+}
+
+func newCtx(t *testing.T, m *Model, opts engine.ContextOptions) *Context {
+	t.Helper()
+	c, err := m.NewLlamaContext(opts, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func tokens(t *testing.T, m engine.Model, text string) []engine.Token {
+	t.Helper()
+	toks, err := m.Tokenize(text, false, false)
+	require.NoError(t, err)
+	require.NotEmpty(t, toks)
+	return toks
+}
+
+const passage = "The river Thames flows through London and reaches the North Sea at its estuary, " +
+	"where ships have anchored for centuries while waiting for the tide."
+
+func maxAbsDiff(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+func TestBatchRowsEqualOneByOne(t *testing.T) {
+	m := loadReal(t)
+	toks := tokens(t, m, passage)[:12]
+	ctx := context.Background()
+
+	batched := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+	var b engine.Batch
+	for i, tok := range toks {
+		b.Add(tok, i, true, 0)
+	}
+	require.NoError(t, batched.Decode(ctx, &b))
+
+	single := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+	for i, tok := range toks {
+		b.Reset()
+		b.Add(tok, i, true, 0)
+		require.NoError(t, single.Decode(ctx, &b))
+		want, err := single.Logits(0, nil)
+		require.NoError(t, err)
+		got, err := batched.Logits(i, nil)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, maxAbsDiff(got, want), 1e-3, "row %d", i)
+		assert.Equal(t, sampling.Argmax(want), sampling.Argmax(got), "argmax of row %d", i)
+	}
+}
+
+func TestTruncateThenRedecodeReproducesLogits(t *testing.T) {
+	m := loadReal(t)
+	toks := tokens(t, m, passage)
+	ctx := context.Background()
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+
+	b, err := engine.Prefill(ctx, c, 0, toks, nil)
+	require.NoError(t, err)
+	want, err := c.Logits(b.Len()-1, nil)
+	require.NoError(t, err)
+
+	// Decode something else after a prefix, then roll back and redo.
+	cut := len(toks) - 5
+	require.NoError(t, c.Truncate(0, cut))
+	require.Equal(t, cut, c.SeqLen(0))
+	b.Reset()
+	for i, tok := range tokens(t, m, " and then something else entirely happened") {
+		b.Add(tok, cut+i, false, 0)
+	}
+	b.Entries[b.Len()-1].Logits = true
+	require.NoError(t, c.Decode(ctx, b))
+	require.NoError(t, c.Truncate(0, cut))
+	b.Reset()
+	for i, tok := range toks[cut:] {
+		b.Add(tok, cut+i, i == len(toks)-cut-1, 0)
+	}
+	require.NoError(t, c.Decode(ctx, b))
+	got, err := c.Logits(b.Len()-1, nil)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, maxAbsDiff(got, want), 1e-3)
+}
+
+func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
+	m := loadReal(t)
+	ctx := context.Background()
+	texts := []string{passage, "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in green leaves."}
+	alone := make([][]float32, len(texts))
+	for s, text := range texts {
+		c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 128})
+		b, err := engine.Prefill(ctx, c, 0, tokens(t, m, text), nil)
+		require.NoError(t, err)
+		alone[s], err = c.Logits(b.Len()-1, nil)
+		require.NoError(t, err)
+	}
+
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 2, BatchSize: 128})
+	var b engine.Batch
+	last := make([]int, len(texts))
+	for s, text := range texts {
+		toks := tokens(t, m, text)
+		for i, tok := range toks {
+			b.Add(tok, i, i == len(toks)-1, s)
+		}
+		last[s] = b.Len() - 1
+	}
+	require.NoError(t, c.Decode(ctx, &b))
+	for s := range texts {
+		got, err := c.Logits(last[s], nil)
+		require.NoError(t, err)
+		assert.LessOrEqual(t, maxAbsDiff(got, alone[s]), 1e-3, "sequence %d", s)
+	}
+}
+
+func TestAbortDuringPrefill(t *testing.T) {
+	m := loadReal(t)
+	ctx := context.Background()
+	long := tokens(t, m, strings.Repeat(passage+" ", 40))[:1500]
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 2048, MaxSeqs: 1, BatchSize: 2048, Threads: 2})
+
+	var b engine.Batch
+	for i, tok := range long {
+		b.Add(tok, i, i == len(long)-1, 0)
+	}
+	done := make(chan error, 1)
+	var returned time.Time
+	go func() {
+		err := c.Decode(ctx, &b)
+		returned = time.Now()
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond) // well inside a ~1 s prefill
+	requested := time.Now()
+	c.Abort()
+	err := <-done
+	require.ErrorIs(t, err, engine.ErrAborted)
+	assert.False(t, errors.Is(err, engine.ErrContextFull))
+	assert.Less(t, returned.Sub(requested), 100*time.Millisecond, "abort latency")
+	assert.Equal(t, 0, c.SeqLen(0), "no position of the aborted batch stays")
+
+	// The context is usable afterwards and computes what a fresh one does.
+	short := long[:20]
+	pb, err := engine.Prefill(ctx, c, 0, short, nil)
+	require.NoError(t, err)
+	got, err := c.Logits(pb.Len()-1, nil)
+	require.NoError(t, err)
+	fresh := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+	fb, err := engine.Prefill(ctx, fresh, 0, short, nil)
+	require.NoError(t, err)
+	want, err := fresh.Logits(fb.Len()-1, nil)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, maxAbsDiff(got, want), 1e-3)
+}
+
+func TestContextCancelAborts(t *testing.T) {
+	m := loadReal(t)
+	long := tokens(t, m, strings.Repeat(passage+" ", 40))[:1500]
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 2048, MaxSeqs: 1, BatchSize: 2048})
+	var b engine.Batch
+	for i, tok := range long {
+		b.Add(tok, i, false, 0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := c.Decode(ctx, &b)
+	require.ErrorIs(t, err, engine.ErrAborted)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// greedy answers a chat question with plain greedy decoding.
+func greedy(t *testing.T, m *Model, question string, n int) string {
+	t.Helper()
+	prompt, err := m.ChatPrompt([]engine.Message{{Role: engine.RoleUser, Content: question}}, true)
+	require.NoError(t, err)
+	toks, err := m.Tokenize(prompt, true, true)
+	require.NoError(t, err)
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 512, MaxSeqs: 1, BatchSize: 256})
+	ctx := context.Background()
+	b, err := engine.Prefill(ctx, c, 0, toks, nil)
+	require.NoError(t, err)
+	detok := engine.NewDetokenizer(m)
+	var out strings.Builder
+	var logits []float32
+	row := b.Len() - 1
+	for range n {
+		logits, err = c.Logits(row, logits)
+		require.NoError(t, err)
+		tok := engine.Token(sampling.Argmax(logits))
+		if m.IsEOG(tok) {
+			break
+		}
+		out.WriteString(detok.Add(tok))
+		b.Reset()
+		b.Add(tok, c.SeqLen(0), true, 0)
+		require.NoError(t, c.Decode(ctx, b))
+		row = 0
+	}
+	out.WriteString(detok.Flush())
+	return out.String()
+}
+
+func TestRealModelAnswersFluentlyAndDeterministically(t *testing.T) {
+	m := loadReal(t)
+	info := m.Info()
+	assert.Equal(t, "llama", info.Arch)
+	assert.Equal(t, 49152, info.VocabSize)
+
+	first := greedy(t, m, "What is the capital of France?", 24)
+	second := greedy(t, m, "What is the capital of France?", 24)
+	t.Logf("answer: %q", first)
+	assert.Equal(t, first, second, "greedy decoding is deterministic")
+	assert.Contains(t, first, "Paris")
+	words := strings.Fields(first)
+	assert.GreaterOrEqual(t, len(words), 4, "a sentence, not a token")
+}
+
+func TestChatTemplateIsChatML(t *testing.T) {
+	m := loadReal(t)
+	p, err := m.ChatPrompt([]engine.Message{{Role: engine.RoleSystem, Content: "Be brief."}, {Role: engine.RoleUser, Content: "Hi"}}, true)
+	require.NoError(t, err)
+	assert.Equal(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", p)
+	toks, err := m.Tokenize(p, false, true)
+	require.NoError(t, err)
+	assert.True(t, slicesContainsEOG(m, toks), "<|im_end|> is parsed as a control token that ends generation")
+}
+
+func slicesContainsEOG(m *Model, toks []engine.Token) bool {
+	for _, t := range toks {
+		if m.IsEOG(t) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestTokenizeDetokenizeRoundTrip(t *testing.T) {
+	m := loadReal(t)
+	for _, text := range []string{"Hello, world!", "naïve café — 東京 🚀 done", "  spaces\tand\nnewlines  "} {
+		toks, err := m.Tokenize(text, false, false)
+		require.NoError(t, err)
+		d := engine.NewDetokenizer(m)
+		var out strings.Builder
+		for _, tok := range toks {
+			piece := d.Add(tok)
+			assert.True(t, isValidUTF8(piece), "never half a character: %q", piece)
+			out.WriteString(piece)
+		}
+		out.WriteString(d.Flush())
+		assert.Equal(t, text, out.String())
+	}
+}
+
+func isValidUTF8(s string) bool { return strings.ToValidUTF8(s, "\uFFFD") == s }
+
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	notGGUF := filepath.Join(dir, "notes.txt")
+	require.NoError(t, os.WriteFile(notGGUF, []byte("just some text, not a model"), 0o644))
+	corrupt := filepath.Join(dir, "corrupt.gguf")
+	require.NoError(t, os.WriteFile(corrupt, append([]byte("GGUF"), make([]byte, 64)...), 0o644))
+	truncated := filepath.Join(dir, "truncated.gguf")
+	real, err := os.ReadFile(realModelPath(t))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(truncated, real[:len(real)/3], 0o644))
+
+	for name, path := range map[string]string{
+		"missing":   filepath.Join(dir, "nope.gguf"),
+		"not gguf":  notGGUF,
+		"corrupt":   corrupt,
+		"truncated": truncated,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Load(path, Options{})
+			require.ErrorIs(t, err, engine.ErrBadModel)
+			assert.Contains(t, err.Error(), path)
+		})
+	}
+
+	m := loadReal(t)
+	ctx := context.Background()
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 64, MaxSeqs: 2, BatchSize: 64})
+
+	_, err = engine.Prefill(ctx, c, 0, nil, nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	assert.Contains(t, err.Error(), "empty prompt")
+
+	long := tokens(t, m, strings.Repeat(passage, 5))
+	_, err = engine.Prefill(ctx, c, 0, long, nil)
+	require.ErrorIs(t, err, engine.ErrContextFull)
+	assert.Contains(t, err.Error(), "exceeds the context")
+	assert.Equal(t, 0, c.SeqLen(0))
+
+	var b engine.Batch
+	b.Add(1, 0, true, 2)
+	require.ErrorIs(t, c.Decode(ctx, &b), engine.ErrInvalidInput)
+	b.Reset()
+	b.Add(engine.Token(m.Info().VocabSize), 0, true, 0)
+	require.ErrorIs(t, c.Decode(ctx, &b), engine.ErrInvalidInput)
+	b.Reset()
+	b.Add(1, 5, true, 0) // a gap in the positions
+	require.ErrorIs(t, c.Decode(ctx, &b), engine.ErrInvalidInput)
+	require.ErrorIs(t, c.Decode(ctx, &engine.Batch{}), engine.ErrInvalidInput)
+
+	_, err = c.Logits(0, nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput, "no row has logits before a decode")
+	require.ErrorIs(t, c.Truncate(7, 0), engine.ErrInvalidInput)
+
+	_, err = m.NewContext(engine.ContextOptions{CtxPerSeq: 0, MaxSeqs: 1})
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+	_, err = m.ChatPrompt(nil, true)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+}
+
+func TestEmbeddings(t *testing.T) {
+	m := loadReal(t)
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 128, MaxSeqs: 1, BatchSize: 128, Embeddings: true})
+	toks := tokens(t, m, passage)
+	var b engine.Batch
+	for i, tok := range toks {
+		b.Add(tok, i, true, 0)
+	}
+	require.NoError(t, c.Decode(context.Background(), &b))
+	e0, err := c.Embedding(0, nil)
+	require.NoError(t, err)
+	e1, err := c.Embedding(1, nil)
+	require.NoError(t, err)
+	assert.Len(t, e0, m.Info().EmbedDim)
+	assert.Greater(t, maxAbsDiff(e0, e1), 1e-3, "per-token, not pooled")
+	// Logits are still there with embeddings on.
+	_, err = c.Logits(len(toks)-1, nil)
+	require.NoError(t, err)
+
+	plain := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 128, MaxSeqs: 1})
+	_, err = plain.Embedding(0, nil)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
+}
+
+func TestFingerprintStable(t *testing.T) {
+	m := loadReal(t)
+	other, err := Load(realModelPath(t), Options{})
+	require.NoError(t, err)
+	defer other.Close()
+	assert.Equal(t, m.Info().Fingerprint, other.Info().Fingerprint)
+	assert.True(t, strings.HasPrefix(m.Info().Fingerprint, "llama/"))
+}

@@ -1,0 +1,98 @@
+// clock_gettime under -std=c11
+#define _POSIX_C_SOURCE 199309L
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "shim.h"
+
+struct dragon_ctx {
+    struct llama_context *ctx;
+    struct llama_batch batch;
+    int32_t batch_cap;
+    int32_t seq_cap;
+    atomic_int abort;
+    int64_t last_decode_ns;
+};
+
+static bool dragon_abort_cb(void *data) {
+    return atomic_load_explicit(&((dragon_ctx *)data)->abort, memory_order_relaxed) != 0;
+}
+
+dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified) {
+    struct llama_context_params p = llama_context_default_params();
+    p.n_ctx = n_ctx;
+    p.n_batch = n_batch;
+    // One verification pass is one graph; long prefills are cut into graphs
+    // of 512 tokens so an abort never waits for more than one of them.
+    p.n_ubatch = n_batch < 512 ? n_batch : 512;
+    p.n_seq_max = n_seq_max;
+    p.n_threads = n_threads;
+    p.n_threads_batch = n_threads;
+    p.embeddings = embeddings != 0;
+    p.kv_unified = unified != 0;
+    p.no_perf = true;
+
+    dragon_ctx *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        return NULL;
+    }
+    c->ctx = llama_init_from_model(model, p);
+    if (c->ctx == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->batch = llama_batch_init((int32_t)n_batch, 0, (int32_t)n_seq_max);
+    c->batch_cap = (int32_t)n_batch;
+    c->seq_cap = (int32_t)n_seq_max;
+    atomic_init(&c->abort, 0);
+    llama_set_abort_callback(c->ctx, dragon_abort_cb, c);
+    return c;
+}
+
+void dragon_ctx_free(dragon_ctx *c) {
+    if (c == NULL) {
+        return;
+    }
+    llama_batch_free(c->batch);
+    llama_free(c->ctx);
+    free(c);
+}
+
+struct llama_context *dragon_ctx_llama(dragon_ctx *c) { return c->ctx; }
+
+void dragon_abort(dragon_ctx *c, int on) {
+    atomic_store_explicit(&c->abort, on, memory_order_relaxed);
+}
+
+int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
+                      const int32_t *nseq, const int32_t *seqs, const int8_t *logits) {
+    if (n <= 0 || n > c->batch_cap) {
+        return -100;
+    }
+    struct llama_batch *b = &c->batch;
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        b->token[i] = tokens[i];
+        b->pos[i] = pos[i];
+        if (nseq[i] <= 0 || nseq[i] > c->seq_cap) {
+            return -101;
+        }
+        b->n_seq_id[i] = nseq[i];
+        for (int32_t j = 0; j < nseq[i]; j++) {
+            b->seq_id[i][j] = seqs[k++];
+        }
+        b->logits[i] = logits[i];
+    }
+    b->n_tokens = n;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int32_t code = llama_decode(c->ctx, *b);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c->last_decode_ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+    return code;
+}
+
+int64_t dragon_last_decode_ns(dragon_ctx *c) { return c->last_decode_ns; }

@@ -1,0 +1,33 @@
+// A thin C layer over llama.cpp for what the ollama Go binding does not
+// expose: aborting a decode from another thread, telling an abort apart from
+// a full KV cache, filling a batch and decoding it in one cgo call, and
+// toggling embeddings output.
+#ifndef DRAGON_SHIM_H
+#define DRAGON_SHIM_H
+
+#include <stdint.h>
+#include "llamacpp/llama.h"
+
+typedef struct dragon_ctx dragon_ctx;
+
+// dragon_ctx_new creates a context with the abort callback installed.
+dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
+                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified);
+void dragon_ctx_free(dragon_ctx *c);
+struct llama_context *dragon_ctx_llama(dragon_ctx *c);
+
+// dragon_abort raises (1) or clears (0) the abort flag polled by ggml
+// between graph nodes.
+void dragon_abort(dragon_ctx *c, int on);
+
+// dragon_decode fills the batch from flat arrays and decodes it: returns
+// llama_decode's code (0 ok, 1 no KV slot, 2 aborted, <0 error).
+// seqs holds nseq[i] sequence ids for each row i, concatenated.
+int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
+                      const int32_t *nseq, const int32_t *seqs, const int8_t *logits);
+
+// dragon_last_decode_ns is the time the last dragon_decode spent inside
+// llama_decode, to tell llama.cpp's cost from the wrapper's.
+int64_t dragon_last_decode_ns(dragon_ctx *c);
+
+#endif
