@@ -190,7 +190,9 @@ func session(cc *grpc.ClientConn, hello *dragonv1.Hello) (*dragonv1.PeerMessage,
 	if err != nil {
 		return nil, err
 	}
-	if err := stream.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: hello}}); err != nil {
+	// Send reports io.EOF when the server already ended the call (a refused
+	// token can beat the first message); Recv then returns the real status.
+	if err := stream.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: hello}}); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	reply, err := stream.Recv()
