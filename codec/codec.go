@@ -251,6 +251,7 @@ func (e *Encoder) selectTopP(probs []float32) error {
 		e.keepVal = append(e.keepVal, e.candVal...)
 		return nil
 	}
+	candMass = e.narrow(candMass, target)
 	tau, ties := selectThreshold(e.candVal, target)
 	for _, i := range e.candIdx {
 		v := probs[i]
@@ -263,6 +264,49 @@ func (e *Encoder) selectTopP(probs []float32) error {
 		}
 	}
 	return nil
+}
+
+// narrow drops candidates that cannot be in the top-p set, by the same
+// argument as the scan's threshold applied to the candidates alone: the n
+// candidates below t2 = (candMass-target)/n weigh less than candMass-target,
+// so those at or above t2 still weigh more than target. Each round raises
+// t2; real distributions go from about a thousand candidates to a few
+// dozen in two or three rounds, which leaves little for the quickselect.
+// Ids stay in order. It returns the remaining mass.
+func (e *Encoder) narrow(candMass, target float64) float64 {
+	for len(e.candVal) > 16 {
+		t64 := (candMass - target) / float64(len(e.candVal))
+		t2 := float32(t64)
+		if float64(t2) > t64 {
+			t2 = math.Nextafter32(t2, 0)
+		}
+		n := 0
+		var mass float64
+		for _, v := range e.candVal {
+			if v >= t2 {
+				mass += float64(v)
+				n++
+			}
+		}
+		// Stop when nothing goes, or if rounding would leave the survivors
+		// short of the target (keep the current, larger set).
+		if n == len(e.candVal) || mass <= target {
+			break
+		}
+		k := 0
+		for j, v := range e.candVal {
+			if v >= t2 {
+				e.candVal[k], e.candIdx[k] = v, e.candIdx[j]
+				k++
+			}
+		}
+		shrunk := n < len(e.candVal)*3/4
+		e.candVal, e.candIdx, candMass = e.candVal[:n], e.candIdx[:n], mass
+		if !shrunk { // diminishing returns: leave the rest to the quickselect
+			break
+		}
+	}
+	return candMass
 }
 
 // threshold is (1-p)·mass/V rounded down, and positive so that zeros are
