@@ -159,7 +159,10 @@ func (e *Encoder) TopP() float64 { return e.topP }
 //
 // If view is not nil it receives the distribution the payload decodes to,
 // bit for bit: the side drafts from and verifies against this view. Its
-// slices are reused by later calls.
+// slices are reused by later calls. For an exact Speculative Aggregation
+// a side encodes with NoToken, samples its draft from the view and sends
+// the payload unchanged: the draft lies in the view's support, so encoding
+// with it would give the same bytes.
 func (e *Encoder) Encode(dst []byte, probs []float32, drafted int32, view *Sparse) ([]byte, error) {
 	vocab := len(probs)
 	if vocab == 0 {
