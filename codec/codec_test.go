@@ -585,3 +585,22 @@ func BenchmarkDecode(b *testing.B) {
 		_ = dec.Decode(payload, &out)
 	}
 }
+
+// TestDraftFromViewKeepsPayload checks the order Encode documents: a token
+// drawn from the view does not change the payload, so a side can encode
+// first, draft from the view, and send those bytes.
+func TestDraftFromViewKeepsPayload(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	enc, err := NewEncoder(DefaultTopP)
+	require.NoError(t, err)
+	for range 20 {
+		probs := llmLike(rng, vocabSmol)
+		var view Sparse
+		first, err := enc.Encode(nil, probs, NoToken, &view)
+		require.NoError(t, err)
+		draft := view.Tokens[rng.IntN(view.Len())]
+		again, err := enc.Encode(nil, probs, draft, nil)
+		require.NoError(t, err)
+		require.Equal(t, first, again)
+	}
+}
