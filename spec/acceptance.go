@@ -64,3 +64,9 @@ func (a *Acceptance) Alpha(matchLen int) float64 {
 	b := a.byBucket[bucket(matchLen)]
 	return min(0.999, max(0, (b.acc+a.shrink*g)/(b.att+a.shrink)))
 }
+
+// Attempts is the (decayed) number of draft tokens verified in matchLen's
+// bucket: how much evidence its α rests on.
+func (a *Acceptance) Attempts(matchLen int) float64 {
+	return a.byBucket[bucket(matchLen)].att
+}

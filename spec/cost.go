@@ -145,6 +145,13 @@ func (m *CostModel) Choose(matchLen, avail int) Plan {
 	return best
 }
 
+// Plan is the plan of verifying a linear draft of gamma tokens from a match
+// of matchLen, whatever Choose would say (exploration).
+func (m *CostModel) Plan(matchLen, gamma int) Plan {
+	alpha := m.Acc.Alpha(matchLen)
+	return Plan{Gamma: gamma, MatchLen: matchLen, Tokens: ExpectedTokens(alpha, gamma), Ms: m.TreeCost(gamma, 1)}
+}
+
 // PlanTree is the plan of a tree built by BuildTree.
 func (m *CostModel) PlanTree(t *Tree, matchLen int) Plan {
 	return Plan{Gamma: t.Size(), MatchLen: matchLen, Tokens: t.Gain, Ms: t.Cost}

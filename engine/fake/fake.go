@@ -7,7 +7,8 @@
 // including it, which makes batched and one-by-one decoding agree exactly.
 // They mix a pseudo-random part seeded by the last Order tokens with a bonus
 // for the token that followed the previous occurrence of the current bigram,
-// so text in the context is likely to be copied, as in RAG.
+// (or, with CopyOrder 1, of the last token), so text in the context is
+// likely to be copied, as in RAG.
 package fake
 
 import (
@@ -42,10 +43,16 @@ type Config struct {
 	Seed  uint64  // varies the distributions
 	Order int     // how many trailing tokens seed the random part (default 3)
 	Scale float64 // spread of random logits (default 2)
-	Copy  float64 // logit bonus for continuing a bigram seen earlier (default 4)
-	// Latency is slept per batch token, polling for aborts, so tests can
-	// exercise preemption and timing.
-	Latency time.Duration
+	Copy  float64 // logit bonus for continuing an n-gram seen earlier (default 4)
+	// CopyOrder is the n of that n-gram: 2 (default) continues bigrams, 1
+	// continues any token seen before, so the model copies far more often.
+	CopyOrder int
+	// Latency is slept per batch token and CallLatency per Decode call
+	// (waiting for aborts), so tests can exercise preemption and a
+	// memory-bound cost shape: a k-token pass costing far less than k
+	// one-token passes.
+	Latency     time.Duration
+	CallLatency time.Duration
 	Name    string
 }
 
@@ -61,6 +68,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Copy == 0 {
 		c.Copy = 4
+	}
+	if c.CopyOrder <= 0 {
+		c.CopyOrder = 2
 	}
 	if c.Name == "" {
 		c.Name = "fake"
@@ -184,10 +194,10 @@ func (m *Model) logits(history []engine.Token, out []float32) []float32 {
 	out[TokBOS] = -30
 	out[TokImStart] = -30
 	out[TokEOS] -= 3
-	if n := len(history); n >= 2 {
-		a, b := history[n-2], history[n-1]
-		for i := n - 3; i >= 1; i-- {
-			if history[i-1] == a && history[i] == b {
+	if k := cfg.CopyOrder; len(history) >= k {
+		tail := history[len(history)-k:]
+		for i := len(history) - 2; i >= k-1; i-- {
+			if slices.Equal(history[i-k+1:i+1], tail) {
 				out[history[i+1]] += float32(cfg.Copy)
 				break
 			}
@@ -220,8 +230,8 @@ func (c *Context) Decode(ctx context.Context, b *engine.Batch) error {
 	}
 	abort := c.arm()
 	defer c.disarm()
-	if c.model.cfg.Latency > 0 {
-		timer := time.NewTimer(c.model.cfg.Latency * time.Duration(len(b.Entries)))
+	if delay := c.model.cfg.CallLatency + c.model.cfg.Latency*time.Duration(len(b.Entries)); delay > 0 {
+		timer := time.NewTimer(delay)
 		defer timer.Stop()
 		select {
 		case <-timer.C:

@@ -1,0 +1,489 @@
+// Package decoder is one side's RAG decoder (DRAGON §2.2, §4.1): one KV
+// sequence per retrieved passage (passage + query), decoded together in one
+// batch per step, and their next-token distributions mixed by relevance
+// into the side's locally-aggregated distribution
+//
+//	p^s(x) = Σ_d softmax(R)_d · p(x | d, x_<t),   h̃^s = logsumexp(R).
+//
+// The decoder exposes the steps the distributed session needs (Next,
+// Push, Verify/Commit, Rollback, Abort) and a local generation loop
+// (Generate) with sampling and context-aligned speculative decoding.
+package decoder
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+// Mode is how passages enter the model.
+type Mode int
+
+// Aggregation modes.
+const (
+	// OutputAggregation decodes one sequence per passage and mixes their
+	// distributions (REPLUG / DRAGON).
+	OutputAggregation Mode = iota
+	// ContextAggregation concatenates all passages into one prompt (the
+	// CRCG baseline).
+	ContextAggregation
+)
+
+func (m Mode) String() string {
+	if m == ContextAggregation {
+		return "context"
+	}
+	return "output"
+}
+
+// ParseMode reads "output" or "context".
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "output", "":
+		return OutputAggregation, nil
+	case "context":
+		return ContextAggregation, nil
+	}
+	return 0, fmt.Errorf("decoder: unknown aggregation mode %q (want output or context)", s)
+}
+
+// Passage is a retrieved passage with its relevance score R(d, q).
+type Passage struct {
+	Text   string
+	Score  float64
+	Source string
+}
+
+// Options configure a decoder.
+type Options struct {
+	// MaxPassages is the most passages (KV sequences) one generation uses.
+	MaxPassages int
+	// CtxPerSeq bounds each sequence: passage + query + answer + draft.
+	CtxPerSeq int
+	BatchSize int
+	Threads   int
+	Mode      Mode
+	// System is the system message of every prompt.
+	System string
+	// RescoreEvery > 0 re-scores the passages against the text generated
+	// so far every that many tokens (dynamic weights, DRAGON §4.1), with
+	// Rescore.
+	RescoreEvery int
+	Rescore      func(ctx context.Context, text string, passages []Passage) ([]float64, error)
+	// Spec configures local speculative decoding (Generate only).
+	Spec spec.Options
+	// VerifyTable holds measured verification costs (ms by batch rows) for
+	// the cost model; nil starts from relative units and learns online.
+	VerifyTable *spec.VerifyTable
+}
+
+// DefaultSystem asks the model to answer from the passage.
+const DefaultSystem = "You are a helpful assistant. Answer the question using the passage."
+
+func (o *Options) defaults() {
+	if o.MaxPassages <= 0 {
+		o.MaxPassages = 8
+	}
+	if o.CtxPerSeq <= 0 {
+		o.CtxPerSeq = 1024
+	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 512
+	}
+	if o.System == "" {
+		o.System = DefaultSystem
+	}
+}
+
+// Decoder runs generations on one engine context, one at a time.
+type Decoder struct {
+	model engine.Model
+	ectx  engine.Context
+	opts  Options
+	vocab int
+
+	// The current generation.
+	passages []Passage
+	prompts  [][]engine.Token // per sequence
+	w        []float32        // ω = softmax(R)
+	hTilde   float64
+	gen      []engine.Token // accepted tokens
+	// held[s] is how many positions sequence s holds in the KV cache: at
+	// most its prompt + gen (+ a draft between Verify and Commit).
+	held      []int
+	next      []float32 // p^s at position len(gen), valid when nextValid
+	nextValid bool
+
+	batch   engine.Batch
+	logits  []float32
+	scratch []float32
+	mixes   [][]float32
+
+	drafter *spec.Drafter
+	acc     *spec.Acceptance
+	cost    *spec.CostModel
+	stats   spec.Stats
+}
+
+// New creates a decoder and its engine context.
+func New(m engine.Model, opts Options) (*Decoder, error) {
+	opts.defaults()
+	if opts.Spec.Enabled {
+		if err := opts.Spec.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	c, err := m.NewContext(engine.ContextOptions{
+		CtxPerSeq: opts.CtxPerSeq, MaxSeqs: opts.MaxPassages, BatchSize: opts.BatchSize, Threads: opts.Threads,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("decoder: %w", err)
+	}
+	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize()}
+	d.logits = make([]float32, d.vocab)
+	d.scratch = make([]float32, d.vocab)
+	d.next = make([]float32, d.vocab)
+	d.acc = spec.NewAcceptance(0.5)
+	table := opts.VerifyTable
+	if table == nil {
+		table = &spec.VerifyTable{}
+	}
+	d.cost = spec.NewCostModel(d.acc, table, max(opts.Spec.MaxDraft, 1))
+	return d, nil
+}
+
+// Close frees the engine context.
+func (d *Decoder) Close() error { return d.ectx.Close() }
+
+// Abort stops the forward pass in flight (from any goroutine): the call
+// running it returns an error wrapping engine.ErrAborted and the decoder
+// stays as it was before that call.
+func (d *Decoder) Abort() { d.ectx.Abort() }
+
+// HTilde is logsumexp(R) of this side's passages (DRAGON Appendix A.1).
+func (d *Decoder) HTilde() float64 { return d.hTilde }
+
+// Weights are the current document weights softmax(R).
+func (d *Decoder) Weights() []float32 { return d.w }
+
+// Generated returns the tokens accepted so far.
+func (d *Decoder) Generated() []engine.Token { return d.gen }
+
+// Seqs is the number of KV sequences of the current generation.
+func (d *Decoder) Seqs() int { return len(d.prompts) }
+
+// Prompt is the token sequence of sequence i's prompt.
+func (d *Decoder) Prompt(i int) []engine.Token { return d.prompts[i] }
+
+// Begin starts a generation for query over passages (none: the model
+// alone) and prefills every sequence. calib, when not nil, receives the
+// top-k successors of every prompt position (for in-context calibration);
+// asking for them makes the prefill compute logits for every row.
+func (d *Decoder) Begin(ctx context.Context, query string, passages []Passage, calib func(seq int, rows [][]engine.TokenLogit) error) error {
+	if query == "" {
+		return fmt.Errorf("decoder: %w: empty query", engine.ErrInvalidInput)
+	}
+	if len(passages) > d.opts.MaxPassages && d.opts.Mode == OutputAggregation {
+		return fmt.Errorf("decoder: %w: %d passages, at most %d", engine.ErrInvalidInput, len(passages), d.opts.MaxPassages)
+	}
+	d.passages = append(d.passages[:0], passages...)
+	texts, scores := d.promptTexts(query)
+	d.prompts = d.prompts[:0]
+	for _, text := range texts {
+		toks, err := d.model.Tokenize(text, true, true)
+		if err != nil {
+			return fmt.Errorf("decoder: tokenize prompt: %w", err)
+		}
+		if len(toks) >= d.opts.CtxPerSeq {
+			return fmt.Errorf("decoder: %w: prompt of %d tokens does not fit the context of %d per sequence",
+				engine.ErrContextFull, len(toks), d.opts.CtxPerSeq)
+		}
+		d.prompts = append(d.prompts, toks)
+	}
+	d.w, d.hTilde = weights(scores)
+	if len(passages) == 0 {
+		d.hTilde = math.Inf(-1) // no documents: no weight in a cross-side mixture
+	} else if d.opts.Mode == ContextAggregation {
+		_, d.hTilde = weights(passageScores(passages))
+	}
+	d.gen = d.gen[:0]
+	for s := range d.opts.MaxPassages {
+		if err := d.ectx.Truncate(s, 0); err != nil {
+			return err
+		}
+	}
+	d.held = make([]int, len(d.prompts))
+	d.nextValid = false
+	d.stats = spec.Stats{}
+	return d.forward(ctx, nil, false, calib)
+}
+
+func passageScores(ps []Passage) []float64 {
+	s := make([]float64, len(ps))
+	for i, p := range ps {
+		s[i] = p.Score
+	}
+	return s
+}
+
+// promptTexts renders one prompt per sequence and the scores that weight
+// them.
+func (d *Decoder) promptTexts(query string) ([]string, []float64) {
+	render := func(user string) string {
+		text, err := d.model.ChatPrompt([]engine.Message{
+			{Role: engine.RoleSystem, Content: d.opts.System},
+			{Role: engine.RoleUser, Content: user},
+		}, true)
+		if err != nil { // models without a template get plain text
+			return d.opts.System + "\n\n" + user + "\n\nAnswer: "
+		}
+		return text
+	}
+	switch {
+	case len(d.passages) == 0:
+		return []string{render("Question: " + query)}, []float64{0}
+	case d.opts.Mode == ContextAggregation:
+		user := ""
+		for i, p := range d.passages {
+			user += fmt.Sprintf("Passage %d:\n%s\n\n", i+1, p.Text)
+		}
+		return []string{render(user + "Question: " + query)}, []float64{0}
+	}
+	texts := make([]string, len(d.passages))
+	for i, p := range d.passages {
+		texts[i] = render("Passage:\n" + p.Text + "\n\nQuestion: " + query)
+	}
+	return texts, passageScores(d.passages)
+}
+
+// Next returns p^s for the next position (len(Generated())), decoding the
+// pending tokens if needed. The slice is owned by the decoder and valid
+// until the next call that changes its state.
+func (d *Decoder) Next(ctx context.Context) ([]float32, error) {
+	if d.nextValid {
+		return d.next, nil
+	}
+	if err := d.forward(ctx, nil, false, nil); err != nil {
+		return nil, err
+	}
+	return d.next, nil
+}
+
+// Push appends accepted tokens; they are decoded by the next Next or Verify.
+func (d *Decoder) Push(toks ...engine.Token) {
+	if len(toks) > 0 {
+		d.gen = append(d.gen, toks...)
+		d.nextValid = false
+	}
+}
+
+// Rollback forgets generated tokens from step on (keeps gen[:step]).
+func (d *Decoder) Rollback(step int) error {
+	if step < 0 || step > len(d.gen) {
+		return fmt.Errorf("decoder: %w: rollback to step %d of %d", engine.ErrInvalidInput, step, len(d.gen))
+	}
+	if step == len(d.gen) {
+		return nil
+	}
+	d.gen = d.gen[:step]
+	d.nextValid = false
+	// The distribution at step comes from re-decoding the token before it.
+	return d.truncateKV(step - 1)
+}
+
+// truncateKV keeps at most prompt + gen[:n] in every sequence.
+func (d *Decoder) truncateKV(n int) error {
+	for s, p := range d.prompts {
+		keep := len(p) + n
+		if keep >= d.held[s] {
+			continue
+		}
+		if err := d.ectx.Truncate(s, keep); err != nil {
+			return fmt.Errorf("decoder: rollback sequence %d: %w", s, err)
+		}
+		d.held[s] = keep
+	}
+	return nil
+}
+
+// Verify decodes the pending tokens and then draft on every sequence in one
+// batch, and returns the len(draft)+1 mixtures: rows[i] is p^s after the
+// pending tokens and draft[:i]. Follow it with Commit. The rows are owned by
+// the decoder until the next Verify.
+func (d *Decoder) Verify(ctx context.Context, draft []engine.Token) ([][]float32, error) {
+	if err := d.forward(ctx, draft, true, nil); err != nil {
+		return nil, err
+	}
+	return d.mixes[:len(draft)+1], nil
+}
+
+// Commit records the outcome of a Verify: the first accepted draft tokens
+// stay in the KV cache and emit (accepted draft tokens then the correction)
+// joins the answer; the rejected draft positions are removed everywhere.
+func (d *Decoder) Commit(draft []engine.Token, accepted int, emit []engine.Token) error {
+	if accepted < 0 || accepted > len(draft) || len(emit) != accepted+1 {
+		return fmt.Errorf("decoder: %w: commit of %d accepted, %d emitted for a draft of %d", engine.ErrInvalidInput, accepted, len(emit), len(draft))
+	}
+	base := len(d.gen)
+	d.gen = append(d.gen, emit...)
+	d.nextValid = false
+	return d.truncateKV(base + accepted)
+}
+
+// forward brings every sequence's KV up to prompt+gen (+draft) in one
+// batch (several when it exceeds the batch size) and computes the mixtures
+// at the last len(draft)+1 positions (all rows when allRows).
+func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows bool, calib func(int, [][]engine.TokenLogit) error) error {
+	nOut := len(draft) + 1
+	for len(d.mixes) < nOut {
+		d.mixes = append(d.mixes, make([]float32, d.vocab))
+	}
+	for _, m := range d.mixes[:nOut] {
+		clear(m)
+	}
+	if d.nextValid && len(draft) > 0 {
+		// Nothing pending: the first row is the distribution already known.
+		copy(d.mixes[0], d.next)
+	}
+	type want struct {
+		seq, out, prow int // sequence, mixture index, prompt position (calibration)
+	}
+	var wants []want
+	rows := 0
+	var calRows [][][]engine.TokenLogit
+	if calib != nil {
+		calRows = make([][][]engine.TokenLogit, len(d.prompts))
+	}
+	d.batch.Reset()
+	saved := append([]int(nil), d.held...)
+	flush := func() error {
+		if d.batch.Len() == 0 {
+			return nil
+		}
+		if err := d.ectx.Decode(ctx, &d.batch); err != nil {
+			return err
+		}
+		for row, w := range wants {
+			if w.out < 0 && w.prow < 0 {
+				continue
+			}
+			if w.prow >= 0 {
+				top, err := d.ectx.TopK(row, calibK, nil)
+				if err != nil {
+					return err
+				}
+				calRows[w.seq][w.prow] = top
+			}
+			if w.out < 0 {
+				continue
+			}
+			logits, err := d.ectx.Logits(row, d.logits)
+			if err != nil {
+				return err
+			}
+			softmaxMix(d.mixes[w.out], logits, d.scratch, d.w[w.seq])
+		}
+		d.batch.Reset()
+		wants = wants[:0]
+		return nil
+	}
+	for s, prompt := range d.prompts {
+		start := d.held[s]
+		full := len(prompt) + len(d.gen) + len(draft)
+		if full > d.opts.CtxPerSeq {
+			return fmt.Errorf("decoder: %w: sequence %d would hold %d positions, more than %d", engine.ErrContextFull, s, full, d.opts.CtxPerSeq)
+		}
+		if calib != nil {
+			calRows[s] = make([][]engine.TokenLogit, len(prompt))
+		}
+		for pos := start; pos < full; pos++ {
+			tok := d.tokenAt(prompt, pos, draft)
+			out := nOut - (full - pos) // mixture index of this row's output
+			w := want{seq: s, out: out, prow: -1}
+			if out < 0 || (!allRows && out != nOut-1) {
+				w.out = -1
+			}
+			if calib != nil && pos < len(prompt) {
+				w.prow = pos
+			}
+			d.batch.Add(tok, pos, w.out >= 0 || w.prow >= 0, s)
+			wants = append(wants, w)
+			rows++
+			if d.batch.Len() == d.opts.BatchSize {
+				if err := flush(); err != nil {
+					return d.undo(saved, err)
+				}
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return d.undo(saved, err)
+	}
+	if rows == 0 {
+		return fmt.Errorf("decoder: internal error: nothing to decode for the next position")
+	}
+	for s, p := range d.prompts {
+		d.held[s] = len(p) + len(d.gen) + len(draft)
+	}
+	copy(d.next, d.mixes[nOut-1])
+	d.nextValid = len(draft) == 0
+	if calib != nil {
+		for s, rows := range calRows {
+			if err := calib(s, rows); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+const calibK = 4
+
+func (d *Decoder) tokenAt(prompt []engine.Token, pos int, draft []engine.Token) engine.Token {
+	if pos < len(prompt) {
+		return prompt[pos]
+	}
+	if i := pos - len(prompt); i < len(d.gen) {
+		return d.gen[i]
+	}
+	return draft[pos-len(prompt)-len(d.gen)]
+}
+
+// undo returns every sequence to what it held before a failed forward (an
+// earlier batch of a split forward may have succeeded).
+func (d *Decoder) undo(held []int, err error) error {
+	for s, n := range held {
+		if terr := d.ectx.Truncate(s, n); terr != nil {
+			return errors.Join(err, terr)
+		}
+		d.held[s] = n
+	}
+	return fmt.Errorf("decoder: %w", err)
+}
+
+// rescore applies fresh relevance scores (dynamic weights).
+func (d *Decoder) rescore(ctx context.Context, text string) error {
+	if d.opts.Rescore == nil || len(d.passages) == 0 || d.opts.Mode == ContextAggregation {
+		return nil
+	}
+	scores, err := d.opts.Rescore(ctx, text, d.passages)
+	if err != nil {
+		return fmt.Errorf("decoder: rescore: %w", err)
+	}
+	if len(scores) != len(d.passages) {
+		return fmt.Errorf("decoder: rescore returned %d scores for %d passages", len(scores), len(d.passages))
+	}
+	for i := range d.passages {
+		d.passages[i].Score = scores[i]
+	}
+	d.w, d.hTilde = weights(scores)
+	return nil
+}
+
+// since is a tiny helper for millisecond timings.
+func since(t time.Time) float64 { return float64(time.Since(t).Nanoseconds()) / 1e6 }

@@ -1,0 +1,287 @@
+package decoder
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/fake"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+var threePassages = []Passage{
+	{Text: "The lighthouse keeper lit the lamp at dusk.", Score: 2.0},
+	{Text: "Tides rise twice a day along the coast.", Score: 0.5},
+	{Text: "Gulls nest on the cliffs above the harbour.", Score: -1.0},
+}
+
+func newFake(t *testing.T, opts Options) (*fake.Model, *Decoder) {
+	t.Helper()
+	return newFakeWith(t, fake.Config{Seed: 3, Vocab: 300}, opts)
+}
+
+func newFakeWith(t *testing.T, cfg fake.Config, opts Options) (*fake.Model, *Decoder) {
+	t.Helper()
+	m := fake.New(cfg)
+	if opts.CtxPerSeq == 0 {
+		opts.CtxPerSeq = 512
+	}
+	d, err := New(m, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return m, d
+}
+
+func softmax64(logits []float32) []float64 {
+	m := math.Inf(-1)
+	for _, v := range logits {
+		m = math.Max(m, float64(v))
+	}
+	var s float64
+	out := make([]float64, len(logits))
+	for i, v := range logits {
+		out[i] = math.Exp(float64(v) - m)
+		s += out[i]
+	}
+	for i := range out {
+		out[i] /= s
+	}
+	return out
+}
+
+func TestMixtureEqualsHandComputed(t *testing.T) {
+	m, d := newFake(t, Options{})
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "What happens at dusk?", threePassages, nil))
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+
+	// ω = softmax(R) by hand.
+	z := math.Exp(2.0) + math.Exp(0.5) + math.Exp(-1.0)
+	w := []float64{math.Exp(2.0) / z, math.Exp(0.5) / z, math.Exp(-1.0) / z}
+	want := make([]float64, 300)
+	for s := range threePassages {
+		p := softmax64(m.Distribution(d.Prompt(s)))
+		for i := range want {
+			want[i] += w[s] * p[i]
+		}
+	}
+	var sum float64
+	for i := range want {
+		assert.InDelta(t, want[i], float64(got[i]), 1e-6+1e-5*want[i], "token %d", i)
+		sum += float64(got[i])
+	}
+	assert.InDelta(t, 1, sum, 1e-5, "p^s sums to 1")
+	assert.InDelta(t, math.Log(z), d.HTilde(), 1e-12, "h̃ = logsumexp(R)")
+	assert.Equal(t, 3, d.Seqs())
+}
+
+func TestOnePassageIsPlainDecoding(t *testing.T) {
+	m, d := newFake(t, Options{})
+	ctx := context.Background()
+	req := Request{Query: "Who lit the lamp?", Passages: threePassages[:1], MaxTokens: 40}
+	res, err := d.Generate(ctx, req, nil)
+	require.NoError(t, err)
+
+	// Plain greedy decoding of the same prompt, by hand.
+	hist := append([]engine.Token(nil), d.Prompt(0)...)
+	var want []engine.Token
+	for range 40 {
+		tok := engine.Token(sampling.Argmax(m.Distribution(hist)))
+		if m.IsEOG(tok) {
+			break
+		}
+		want = append(want, tok)
+		hist = append(hist, tok)
+	}
+	assert.Equal(t, want, res.Tokens)
+	assert.NotEmpty(t, res.Tokens)
+}
+
+func TestRollbackThenRedecodeIsIdentical(t *testing.T) {
+	_, d := newFake(t, Options{})
+	ctx := context.Background()
+	sp := sampling.Params{Temperature: 0.9, TopP: 0.95, Seed: 42}
+	require.NoError(t, d.Begin(ctx, "Tell me about the coast.", threePassages, nil))
+	draw := func(n int, seed uint64) []engine.Token {
+		rng := sampling.Params{Seed: seed}.NewRand()
+		var out []engine.Token
+		for range n {
+			mix, err := d.Next(ctx)
+			require.NoError(t, err)
+			scores := make([]float32, len(mix))
+			for i, p := range mix {
+				scores[i] = float32(math.Log(float64(p)))
+			}
+			tok := sampling.Draw(sp.Dist(scores, d.Generated(), nil), rng)
+			d.Push(tok)
+			out = append(out, tok)
+		}
+		return out
+	}
+	first := draw(12, 7)
+	afterFirst := append([]float32(nil), must(d.Next(ctx))...)
+	require.NoError(t, d.Rollback(5))
+	assert.Equal(t, first[:5], d.Generated())
+	again := draw(7, 8)
+	require.NoError(t, d.Rollback(5))
+	redo := draw(7, 8)
+	assert.Equal(t, again, redo, "same seed after the same rollback: same tokens")
+
+	// Rolling back everything and replaying the first tokens gives back the
+	// same distribution.
+	require.NoError(t, d.Rollback(0))
+	d.Push(first...)
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+	assert.InDeltaSlice(t, afterFirst, got, 1e-6)
+	require.ErrorIs(t, d.Rollback(100), engine.ErrInvalidInput)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func TestVerifyCommitEqualsStepByStep(t *testing.T) {
+	_, d := newFake(t, Options{})
+	_, ref := newFake(t, Options{})
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "q?", threePassages, nil))
+	require.NoError(t, ref.Begin(ctx, "q?", threePassages, nil))
+	draft := []engine.Token{fake.ByteOffset + 'T', fake.ByteOffset + 'h', fake.ByteOffset + 'e'}
+	rows, err := d.Verify(ctx, draft)
+	require.NoError(t, err)
+	require.Len(t, rows, 4)
+	for i := range rows {
+		want, err := ref.Next(ctx)
+		require.NoError(t, err)
+		assert.InDeltaSlice(t, want, rows[i], 1e-6, "row %d", i)
+		if i < len(draft) {
+			ref.Push(draft[i])
+		}
+	}
+	// Accept two, correct the third: the KV keeps exactly two draft tokens.
+	corr := engine.Token(fake.ByteOffset + 'x')
+	require.NoError(t, d.Commit(draft, 2, []engine.Token{draft[0], draft[1], corr}))
+	require.NoError(t, ref.Rollback(2))
+	ref.Push(corr)
+	for s := range d.Seqs() {
+		assert.Equal(t, len(d.Prompt(s))+2, d.ectx.SeqLen(s), "sequence %d holds the accepted tokens only", s)
+	}
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+	want, err := ref.Next(ctx)
+	require.NoError(t, err)
+	assert.InDeltaSlice(t, want, got, 1e-6)
+}
+
+func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
+	// A model that copies its context, as RAG answers do, so drafts land.
+	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, CallLatency: time.Millisecond, Latency: 50 * time.Microsecond}
+	for _, n := range []int{1, 3} {
+		_, plain := newFakeWith(t, copier, Options{})
+		_, fast := newFakeWith(t, copier, Options{Spec: spec.DefaultOptions()})
+		req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk", Passages: threePassages[:n], MaxTokens: 80}
+		a, err := plain.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		b, err := fast.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		assert.Equal(t, a.Tokens, b.Tokens, "%d passages", n)
+		assert.Equal(t, a.Text, b.Text)
+		assert.Greater(t, b.Spec.AcceptedTokens, uint64(0), "drafts were accepted")
+		assert.Less(t, b.Steps, a.Steps, "fewer forward passes")
+		t.Logf("%d passages: %d plain steps, %d speculative, %+v", n, a.Steps, b.Steps, b.Spec)
+	}
+}
+
+func TestContextAggregationIsOneSequence(t *testing.T) {
+	m, d := newFake(t, Options{Mode: ContextAggregation})
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "q?", threePassages, nil))
+	assert.Equal(t, 1, d.Seqs())
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+	want := softmax64(m.Distribution(d.Prompt(0)))
+	for i := range want {
+		assert.InDelta(t, want[i], float64(got[i]), 1e-6)
+	}
+}
+
+func TestStopStringsAndMaxTokens(t *testing.T) {
+	_, d := newFake(t, Options{})
+	res, err := d.Generate(context.Background(), Request{Query: "q", Passages: threePassages[:1], MaxTokens: 7}, nil)
+	require.NoError(t, err)
+	assert.Len(t, res.Tokens, 7)
+	assert.Equal(t, "max_tokens", res.Stopped)
+
+	full := res.Text
+	require.GreaterOrEqual(t, len(full), 4)
+	stop := full[2:4]
+	res, err = d.Generate(context.Background(), Request{Query: "q", Passages: threePassages[:1], MaxTokens: 7, Stop: []string{stop}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, "stop", res.Stopped)
+	assert.Equal(t, full[:2], res.Text)
+}
+
+func TestDynamicWeights(t *testing.T) {
+	calls := 0
+	_, d := newFake(t, Options{RescoreEvery: 4, Rescore: func(_ context.Context, text string, ps []Passage) ([]float64, error) {
+		calls++
+		return []float64{0, 0, 5}, nil
+	}})
+	_, err := d.Generate(context.Background(), Request{Query: "q", Passages: threePassages, MaxTokens: 9}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 2, calls)
+	assert.Greater(t, d.Weights()[2], float32(0.9))
+}
+
+func TestBadInput(t *testing.T) {
+	_, d := newFake(t, Options{MaxPassages: 2, CtxPerSeq: 64})
+	ctx := context.Background()
+	require.ErrorIs(t, d.Begin(ctx, "", nil, nil), engine.ErrInvalidInput)
+	require.ErrorIs(t, d.Begin(ctx, "q", threePassages, nil), engine.ErrInvalidInput)
+	long := []Passage{{Text: string(make([]byte, 100))}}
+	require.ErrorIs(t, d.Begin(ctx, "q", long, nil), engine.ErrContextFull)
+	_, err := d.Generate(ctx, Request{Query: "q", Sampling: sampling.Params{Temperature: -1}}, nil)
+	require.Error(t, err)
+	require.ErrorIs(t, d.Commit(nil, 1, nil), engine.ErrInvalidInput)
+}
+
+func TestAbortLeavesDecoderUsable(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 3, Vocab: 300, Latency: 2 * time.Millisecond})
+	d, err := New(m, Options{CtxPerSeq: 512})
+	require.NoError(t, err)
+	defer d.Close()
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "q", threePassages[:1], nil))
+	before := append([]float32(nil), must(d.Next(ctx))...)
+	d.Push(fake.ByteOffset + 'a')
+	done := make(chan struct{})
+	go func() {
+		// Abort is a no-op until the decode is in flight: keep asking.
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+				d.Abort()
+			}
+		}
+	}()
+	_, err = d.Verify(ctx, []engine.Token{1 + fake.ByteOffset, 2 + fake.ByteOffset, 3 + fake.ByteOffset, 4 + fake.ByteOffset})
+	close(done)
+	require.ErrorIs(t, err, engine.ErrAborted)
+	require.NoError(t, d.Rollback(0))
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+	assert.InDeltaSlice(t, before, got, 1e-6)
+}

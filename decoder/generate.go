@@ -1,0 +1,295 @@
+package decoder
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+// Request is one local generation.
+type Request struct {
+	Query     string
+	Passages  []Passage
+	Sampling  sampling.Params
+	MaxTokens int
+	Stop      []string
+}
+
+// Result summarizes a generation.
+type Result struct {
+	Text      string
+	Tokens    []engine.Token
+	Stopped   string  // "eog", "stop", "max_tokens" or "context"
+	PrefillMS float64 // Begin
+	TTFTMS    float64 // Begin + first token decided
+	DecodeMS  float64 // after the first token
+	Steps     int     // forward passes after the prefill
+	Spec      spec.Stats
+}
+
+// TokensPerSecond is the decode throughput after the first token.
+func (r Result) TokensPerSecond() float64 {
+	if r.DecodeMS <= 0 || len(r.Tokens) < 2 {
+		return 0
+	}
+	return float64(len(r.Tokens)-1) / (r.DecodeMS / 1000)
+}
+
+// Generate runs a local generation: retrieval-conditioned decoding with
+// sampling, accelerated by speculative decoding when Options.Spec is on.
+// emit, when not nil, receives each decided token with the text it
+// completes.
+func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engine.Token, text string) error) (Result, error) {
+	var res Result
+	if err := req.Sampling.Validate(); err != nil {
+		return res, err
+	}
+	if req.MaxTokens <= 0 {
+		req.MaxTokens = 256
+	}
+	specOn := d.opts.Spec.Enabled
+	var calib func(int, [][]engine.TokenLogit) error
+	if specOn {
+		// The drafter's documents are this generation's prompts (passage +
+		// query); calibration hangs the model's own top successors, read
+		// from the prefill, off their positions.
+		var err error
+		if d.drafter, err = spec.NewDrafter(d.opts.Spec, d.acc); err != nil {
+			return res, err
+		}
+		if d.opts.Spec.Calibration {
+			calib = d.calibrate
+		}
+	}
+	start := time.Now()
+	if err := d.Begin(ctx, req.Query, req.Passages, calib); err != nil {
+		return res, err
+	}
+	if specOn {
+		if calib == nil {
+			for s := range d.prompts {
+				d.drafter.AddDocument(d.prompts[s])
+			}
+		}
+		d.drafter.StartAnswer(d.prompts[0])
+		defer d.drafter.EndAnswer()
+	}
+	d.cost.Seqs = len(d.prompts)
+	res.PrefillMS = since(start)
+
+	rng := req.Sampling.NewRand()
+	detok := engine.NewDetokenizer(d.model)
+	var text strings.Builder
+	var probs []float32
+	decodeStart := time.Time{}
+	// decide appends tokens decided by a step; it reports whether the
+	// generation is over and how many of toks it took.
+	decide := func(toks []engine.Token) (bool, int, error) {
+		for i, t := range toks {
+			if d.model.IsEOG(t) {
+				res.Stopped = "eog"
+				return true, i, nil
+			}
+			piece := detok.Add(t)
+			text.WriteString(piece)
+			res.Tokens = append(res.Tokens, t)
+			if len(res.Tokens) == 1 {
+				res.TTFTMS = since(start)
+				decodeStart = time.Now()
+			}
+			if emit != nil {
+				if err := emit(t, piece); err != nil {
+					return true, i + 1, err
+				}
+			}
+			if stop := matchStop(text.String(), req.Stop); stop >= 0 {
+				res.Stopped = "stop"
+				full := text.String()
+				text.Reset()
+				text.WriteString(full[:stop])
+				return true, i + 1, nil
+			}
+			if len(res.Tokens) >= req.MaxTokens {
+				res.Stopped = "max_tokens"
+				return true, i + 1, nil
+			}
+			if d.opts.RescoreEvery > 0 && len(res.Tokens)%d.opts.RescoreEvery == 0 {
+				if err := d.rescore(ctx, text.String()); err != nil {
+					return true, i + 1, err
+				}
+			}
+		}
+		return false, len(toks), nil
+	}
+	greedyPlain := req.Sampling.Greedy() && (req.Sampling.RepeatPenalty == 0 || req.Sampling.RepeatPenalty == 1)
+	// target turns a mixture into the distribution the token is drawn from.
+	target := func(mix []float32) []float32 {
+		if greedyPlain {
+			probs = append(probs[:0], mix...)
+			return probs
+		}
+		scores := make([]float32, len(mix))
+		for i, p := range mix {
+			scores[i] = float32(math.Log(float64(p)))
+		}
+		probs = req.Sampling.Dist(scores, d.gen, probs)
+		return probs
+	}
+	room := func() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
+
+	for {
+		if room() <= 0 {
+			res.Stopped = "context"
+			break
+		}
+		var draft spec.Draft
+		plan := spec.Plan{}
+		if specOn {
+			draft = d.drafter.Draft()
+			avail := min(len(draft.Tokens), room()-1)
+			plan = d.cost.Choose(draft.MatchLen, avail)
+			if plan.Gamma == 0 && avail > 0 && d.acc.Attempts(draft.MatchLen) < exploreAttempts {
+				// Too little evidence in this match-length bucket for the
+				// cost model to judge it: try a short draft to learn α.
+				plan = d.cost.Plan(draft.MatchLen, min(avail, exploreGamma))
+			}
+		}
+		stepStart := time.Now()
+		if plan.Gamma == 0 {
+			mix, err := d.Next(ctx)
+			if err != nil {
+				return res, err
+			}
+			var tok engine.Token
+			if greedyPlain {
+				tok = engine.Token(sampling.Argmax(mix))
+			} else {
+				tok = sampling.Draw(target(mix), rng)
+			}
+			if specOn {
+				d.cost.Observe(plan, spec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
+			}
+			res.Steps++
+			d.Push(tok)
+			if specOn {
+				if err := d.drafter.Append(tok); err != nil {
+					return res, err
+				}
+			}
+			done, _, err := decide([]engine.Token{tok})
+			if err != nil || done {
+				res.Text = text.String() + detok.Flush()
+				res.DecodeMS = sinceOr(decodeStart)
+				return res, err
+			}
+			continue
+		}
+		toks := draft.Tokens[:plan.Gamma]
+		rows, err := d.Verify(ctx, toks)
+		if err != nil {
+			return res, err
+		}
+		verifyMS := since(stepStart)
+		argmax := make([]engine.Token, len(rows))
+		var v spec.Verdict
+		if greedyPlain {
+			for i, r := range rows {
+				argmax[i] = engine.Token(sampling.Argmax(r))
+			}
+			v, err = spec.VerifyGreedy(toks, argmax)
+		} else {
+			dists := make([][]float32, len(rows))
+			for i, r := range rows {
+				dists[i] = append([]float32(nil), target(r)...)
+				argmax[i] = engine.Token(sampling.Argmax(dists[i]))
+			}
+			v, err = spec.VerifySample(toks, dists, rng)
+		}
+		if err != nil {
+			return res, err
+		}
+		if err := d.Commit(toks, v.Accepted, v.Emit); err != nil {
+			return res, err
+		}
+		res.Steps++
+		d.drafter.Verified(toks, argmax)
+		if err := d.drafter.Append(v.Emit...); err != nil {
+			return res, err
+		}
+		d.cost.Observe(plan, spec.Outcome{
+			Accepted: v.Accepted, Attempted: v.Attempted,
+			Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
+		})
+		d.stats.Record(len(toks), v.Accepted, draft.MatchLen == spec.MatchReuse)
+		res.Spec = d.stats
+		done, _, err := decide(v.Emit)
+		if err != nil || done {
+			res.Text = text.String() + detok.Flush()
+			res.DecodeMS = sinceOr(decodeStart)
+			return res, err
+		}
+	}
+	res.Text = text.String() + detok.Flush()
+	res.DecodeMS = sinceOr(decodeStart)
+	return res, nil
+}
+
+// Exploration of match-length buckets the cost model has no evidence for.
+const (
+	exploreAttempts = 4
+	exploreGamma    = 2
+)
+
+func sinceOr(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return since(t)
+}
+
+// calibrate feeds the drafter with a prompt and its prefill top-k rows.
+func (d *Decoder) calibrate(seq int, rows [][]engine.TokenLogit) error {
+	id := d.drafter.AddDocument(d.prompts[seq])
+	succ := make([][]spec.Successor, len(rows))
+	for i, r := range rows {
+		succ[i] = spec.SuccessorsFromTopK(r, nil)
+	}
+	if _, err := d.drafter.Calibrate(id, succ); err != nil {
+		return fmt.Errorf("decoder: calibrate: %w", err)
+	}
+	return nil
+}
+
+func (d *Decoder) longestPrompt() int {
+	n := 0
+	for _, p := range d.prompts {
+		n = max(n, len(p))
+	}
+	return n
+}
+
+// matchStop is the index where the earliest stop string starts, or -1.
+func matchStop(text string, stops []string) int {
+	at := -1
+	for _, s := range stops {
+		if s == "" {
+			continue
+		}
+		if i := strings.Index(text, s); i >= 0 && (at < 0 || i < at) {
+			at = i
+		}
+	}
+	return at
+}
+
+// Stats returns the speculative decoding counters of the decoder so far.
+func (d *Decoder) Stats() spec.Stats { return d.stats }
+
+// CostLog is the cost model's predicted-vs-measured throughput log.
+func (d *Decoder) CostLog() *spec.PredictionLog { return &d.cost.Log }
