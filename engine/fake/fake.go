@@ -53,7 +53,7 @@ type Config struct {
 	// one-token passes.
 	Latency     time.Duration
 	CallLatency time.Duration
-	Name    string
+	Name        string
 }
 
 func (c Config) withDefaults() Config {
