@@ -16,10 +16,10 @@ export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 
-APT_PKGS := nlohmann-json3-dev libstb-dev
+APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps model build test test-short vet fmt run bench clean
+.PHONY: all deps proto-tools model build test test-short vet fmt run bench clean
 
 all: build
 
@@ -53,10 +53,11 @@ vet: deps
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# The whole suite, real model included, race detector on.
-test: deps model vet
-	$(GO) test -race -count=1 -timeout 40m ./...
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/ 2>/dev/null || [ ! -d codec ]
+# The whole suite, real model and corpora included, race detector on, then
+# a short fuzz run of the distribution decoder.
+test: deps model corpus vet proto-tools
+	$(GO) test -race -count=1 -timeout 60m ./...
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
 
 # Quick loop without the race detector or fuzzing.
 test-short: deps model
@@ -74,3 +75,8 @@ fmt:
 
 clean:
 	rm -rf bin build
+
+include proto/proto.mk
+include scripts/corpus.mk
+
+proto-tools: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
