@@ -67,7 +67,7 @@ func (ix *Index) Add(ctx context.Context, paths ...string) (Report, error) {
 	if ix.man.Dense && ix.opts.Embedder == nil {
 		return rep, fmt.Errorf("%w: index %s is dense; adding files needs its embedder %q", ErrEmbedder, ix.dir, ix.man.Embedder)
 	}
-	files, werrs := walk(paths)
+	files, werrs := walk(paths, ix.exclude)
 	for _, e := range werrs {
 		rep.skip(e.Path, e.Err)
 	}

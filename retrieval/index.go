@@ -95,6 +95,10 @@ type Index struct {
 	files    map[string]*fileRecord
 	graph    *hnsw.Graph[uint64]
 	closed   bool
+
+	// exclude are folders Add never reads: the index's own directory and,
+	// while building, the one it will replace.
+	exclude []string
 }
 
 // Build creates the index at dir from paths, replacing any index there
@@ -110,6 +114,9 @@ func Build(ctx context.Context, dir string, opts Options, paths ...string) (*Ind
 		return nil, Report{}, errors.New("retrieval: build needs a tokenizer")
 	}
 	dir = filepath.Clean(dir)
+	if err := replaceable(dir); err != nil {
+		return nil, Report{}, err
+	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, Report{}, fmt.Errorf("build %s: %w", dir, err)
 	}
@@ -122,6 +129,8 @@ func Build(ctx context.Context, dir string, opts Options, paths ...string) (*Ind
 		os.RemoveAll(tmp)
 		return nil, Report{}, err
 	}
+	// Never index the index, old or new, when it lies inside a path.
+	ix.exclude = append(ix.exclude, dir)
 	rep, err := ix.Add(ctx, paths...)
 	if cerr := ix.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("close new index: %w", cerr)
@@ -135,6 +144,29 @@ func Build(ctx context.Context, dir string, opts Options, paths ...string) (*Ind
 	}
 	ix, err = Open(dir, opts)
 	return ix, rep, err
+}
+
+// replaceable checks that Build may replace dir: it must not exist, be
+// empty, or hold an index (even a broken one). Anything else is someone's
+// files, which a typo in --dir must not delete.
+func replaceable(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("build %s: %w", dir, err)
+	}
+	if len(entries) == 0 {
+		return nil
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case manifestFile, passagesFile, bleveDir, graphFile, filesFile:
+			return nil
+		}
+	}
+	return fmt.Errorf("build %s: the directory exists and does not hold an index; refusing to replace it", dir)
 }
 
 // replaceDir moves tmp to dir, removing what was at dir.
@@ -179,7 +211,7 @@ func create(dir string, opts Options) (*Index, error) {
 		return nil, err
 	}
 	ix := &Index{
-		dir: dir, opts: opts, log: opts.Logger, bm25: b, man: man,
+		dir: dir, opts: opts, log: opts.Logger, bm25: b, man: man, exclude: []string{dir},
 		passages: map[uint64]*Passage{}, bySource: map[string][]uint64{},
 		files: map[string]*fileRecord{},
 	}
@@ -228,7 +260,7 @@ func Open(dir string, opts Options) (*Index, error) {
 			"dir", dir, "index", man.Tokenizer, "given", tokenizerID(opts.Tokenizer))
 	}
 	opts.Chunk = ChunkOptions{Tokens: man.ChunkTokens, Overlap: man.Overlap}
-	ix := &Index{dir: dir, opts: opts, log: opts.Logger, man: man, bySource: map[string][]uint64{}}
+	ix := &Index{dir: dir, opts: opts, log: opts.Logger, man: man, bySource: map[string][]uint64{}, exclude: []string{dir}}
 	if err := ix.load(); err != nil {
 		if ix.bm25 != nil {
 			ix.bm25.close()

@@ -396,3 +396,34 @@ func TestSearchArguments(t *testing.T) {
 	_, err = ix.Search(t.Context(), "alpha", 1, Mode(42))
 	assert.Error(t, err)
 }
+
+func TestBuildReplacesOnlyIndexes(t *testing.T) {
+	root := t.TempDir()
+	writeFiles(t, root, map[string]string{"docs/a.txt": "alpha beta gamma", "docs/b.txt": "delta epsilon"})
+	docs := filepath.Join(root, "docs")
+	opts := Options{Tokenizer: fakeModel()}
+
+	// A --dir that holds someone's files is never replaced.
+	_, _, err := Build(t.Context(), docs, opts, docs)
+	require.ErrorContains(t, err, "does not hold an index")
+	_, err = os.Stat(filepath.Join(docs, "a.txt"))
+	require.NoError(t, err)
+
+	// An index inside the corpus is not indexed itself, and building again
+	// replaces the old index.
+	dir := filepath.Join(docs, "idx")
+	for range 2 {
+		ix, rep, err := Build(t.Context(), dir, opts, docs)
+		require.NoError(t, err)
+		assert.Equal(t, 2, rep.Files)
+		assert.Equal(t, []string{filepath.Join(docs, "a.txt"), filepath.Join(docs, "b.txt")}, ix.Sources())
+		rep, err = ix.Add(t.Context(), docs)
+		require.NoError(t, err)
+		assert.Equal(t, 2, rep.Unchanged)
+		assert.Zero(t, rep.Files)
+		require.NoError(t, ix.Close())
+	}
+	leftovers, err := filepath.Glob(filepath.Join(docs, "idx.*"))
+	require.NoError(t, err)
+	assert.Empty(t, leftovers, "no temporary directories stay behind")
+}

@@ -70,9 +70,15 @@ var errUnsupported = errors.New("unsupported file type")
 const maxFileSize = 256 << 20
 
 // walk expands paths (files and folders) into a sorted list of regular
-// files. Hidden entries inside folders are skipped; errors are collected,
-// never fatal.
-func walk(paths []string) ([]string, []FileError) {
+// files. Hidden entries inside folders and the folders in exclude are
+// skipped; errors are collected, never fatal.
+func walk(paths, exclude []string) ([]string, []FileError) {
+	skip := map[string]bool{}
+	for _, e := range exclude {
+		if abs, err := filepath.Abs(e); err == nil {
+			skip[abs] = true
+		}
+	}
 	var files []string
 	var errs []FileError
 	seen := map[string]bool{}
@@ -95,6 +101,9 @@ func walk(paths []string) ([]string, []FileError) {
 					return fs.SkipDir
 				}
 				return nil
+			}
+			if d.IsDir() && skip[path] {
+				return fs.SkipDir
 			}
 			if path != abs && strings.HasPrefix(d.Name(), ".") {
 				if d.IsDir() {

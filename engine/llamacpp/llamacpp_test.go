@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/testmodel"
 	"github.com/dragon-rag/dragon/sampling"
 )
 
@@ -25,19 +26,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// realModelPath is the default model; `make test` fetches it and exports
-// DRAGON_MODEL. Its absence is a failure, not a skip: CI must run these.
-func realModelPath(t testing.TB) string {
-	t.Helper()
-	p := os.Getenv("DRAGON_MODEL")
-	if p == "" {
-		p = "../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
-	}
-	return p
-}
+func realModelPath(t testing.TB) string { return testmodel.Path(t) }
 
 var (
 	realOnce  sync.Once

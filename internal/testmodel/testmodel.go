@@ -1,0 +1,43 @@
+// Package testmodel locates the real model and corpora for tests. They are
+// required, not optional: `make test` fetches them, and a test that cannot
+// find them fails rather than skips, so CI always exercises the real model.
+package testmodel
+
+import (
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// root is the repository root, from this file's location.
+func root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Path is the default GGUF model: $DRAGON_MODEL, else models/ in the
+// repository.
+func Path(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("DRAGON_MODEL")
+	if p == "" {
+		p = filepath.Join(root(), "models", "SmolLM2-135M-Instruct.Q8_0.gguf")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
+	}
+	return p
+}
+
+// CorpusDir is data/corpus of the repository (`make corpus`).
+func CorpusDir(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(root(), "data", "corpus")
+	for _, c := range []string{"sotu", "mail"} {
+		if _, err := os.Stat(filepath.Join(p, c)); err != nil {
+			t.Fatalf("corpus %s not found under %s: run `make corpus` (%v)", c, p, err)
+		}
+	}
+	return p
+}

@@ -1,0 +1,169 @@
+// Package promptset is the fixed set of RAG prompts the benchmarks and the
+// real-model tests run: questions and summaries over passages taken, in a
+// deterministic way, from the two demo corpora (State of the Union
+// addresses for the cloud, the SpamAssassin ham mailbox for the device), or
+// a user's own set from a JSON-lines file.
+package promptset
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/dragon-rag/dragon/decoder"
+)
+
+// Prompt is one RAG request.
+type Prompt struct {
+	Query    string            `json:"prompt"`
+	Passages []decoder.Passage `json:"-"`
+	// Texts are passages given in a JSON-lines file (scores descending by
+	// position when Scores is empty).
+	Texts  []string  `json:"passages,omitempty"`
+	Scores []float64 `json:"scores,omitempty"`
+	// Search, when set, asks the caller to retrieve passages for this
+	// query from an index instead.
+	Search string `json:"search,omitempty"`
+	Corpus string `json:"corpus,omitempty"`
+}
+
+var templates = []string{
+	"Summarize the passage in one sentence.",
+	"What is the main point of the passage?",
+	"Quote the most important sentence of the passage.",
+	"What does the passage say? Answer briefly.",
+	"Repeat the first sentence of the passage.",
+}
+
+// BuiltIn returns n prompts, alternating between the two corpora under dir
+// (dir/sotu and dir/mail, as `make corpus` lays them out), each with
+// passages passages: the one the question is about, first and highest
+// scored, then neighbours from other documents.
+func BuiltIn(dir string, n, passages int) ([]Prompt, error) {
+	sources := map[string][]string{}
+	for _, c := range []string{"sotu", "mail"} {
+		texts, err := corpusTexts(filepath.Join(dir, c), c, n+passages)
+		if err != nil {
+			return nil, fmt.Errorf("promptset: %w (run `make corpus`)", err)
+		}
+		sources[c] = texts
+	}
+	out := make([]Prompt, 0, n)
+	for i := range n {
+		c := "sotu"
+		if i%2 == 1 {
+			c = "mail"
+		}
+		texts := sources[c]
+		p := Prompt{Query: templates[i%len(templates)], Corpus: c}
+		for j := range passages {
+			p.Passages = append(p.Passages, decoder.Passage{
+				Text:   texts[(i/2+j*7)%len(texts)],
+				Score:  2 - 0.5*float64(j),
+				Source: c,
+			})
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// corpusTexts takes k evenly spaced documents of a corpus folder and a
+// passage of about 60 words from each.
+func corpusTexts(dir, kind string, k int) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return nil, err
+	}
+	names = slices.DeleteFunc(names, func(s string) bool { return strings.HasPrefix(filepath.Base(s), ".") })
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no documents in %s", dir)
+	}
+	slices.Sort(names)
+	var out []string
+	for i := 0; len(out) < k && i < 4*k; i++ {
+		raw, err := os.ReadFile(names[(i*len(names)/k+i/k)%len(names)])
+		if err != nil {
+			return nil, err
+		}
+		text := string(raw)
+		if kind == "mail" {
+			if at := strings.Index(text, "\n\n"); at >= 0 {
+				text = text[at+2:]
+			}
+		}
+		if p := excerpt(text, 60); p != "" {
+			out = append(out, p)
+		}
+	}
+	if len(out) < k {
+		return nil, fmt.Errorf("only %d usable documents in %s", len(out), dir)
+	}
+	return out, nil
+}
+
+// excerpt is about words words starting at a sentence near the middle.
+func excerpt(text string, words int) string {
+	fields := strings.Fields(text)
+	if len(fields) < words/2 {
+		return ""
+	}
+	start := len(fields) / 3
+	for i := start; i < min(start+40, len(fields)); i++ {
+		if i > 0 && strings.HasSuffix(fields[i-1], ".") {
+			start = i
+			break
+		}
+	}
+	end := min(len(fields), start+words)
+	return strings.Join(fields[start:end], " ")
+}
+
+// LoadJSONL reads prompts, one JSON object per line: {"prompt": "...",
+// "passages": ["...", ...], "scores": [...]} or {"prompt": "...",
+// "search": "query for the index"}.
+func LoadJSONL(path string) ([]Prompt, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("promptset: %w", err)
+	}
+	defer f.Close()
+	var out []Prompt
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for line := 1; sc.Scan(); line++ {
+		raw := strings.TrimSpace(sc.Text())
+		if raw == "" {
+			continue
+		}
+		var p Prompt
+		if err := json.Unmarshal([]byte(raw), &p); err != nil {
+			return nil, fmt.Errorf("promptset: %s:%d: %w", path, line, err)
+		}
+		if p.Query == "" {
+			return nil, fmt.Errorf("promptset: %s:%d: empty \"prompt\"", path, line)
+		}
+		if len(p.Scores) > 0 && len(p.Scores) != len(p.Texts) {
+			return nil, fmt.Errorf("promptset: %s:%d: %d scores for %d passages", path, line, len(p.Scores), len(p.Texts))
+		}
+		for i, t := range p.Texts {
+			score := -0.5 * float64(i)
+			if len(p.Scores) > 0 {
+				score = p.Scores[i]
+			}
+			p.Passages = append(p.Passages, decoder.Passage{Text: t, Score: score})
+		}
+		out = append(out, p)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("promptset: %s: %w", path, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("promptset: %s holds no prompts", path)
+	}
+	return out, nil
+}
