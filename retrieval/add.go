@@ -166,6 +166,9 @@ func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, tot
 	if err != nil {
 		return err
 	}
+	for _, p := range add {
+		p.terms = ix.bm25.analyzedLength(p.Text)
+	}
 
 	ix.mu.Lock()
 	var del []uint64
@@ -182,6 +185,7 @@ func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, tot
 		ix.man.NextID++
 		ix.passages[p.ID] = p
 		ix.bySource[p.Source] = append(ix.bySource[p.Source], p.ID)
+		ix.terms += int64(p.terms)
 	}
 	for _, pf := range group {
 		ix.files[pf.path] = pf.rec
@@ -269,6 +273,7 @@ func (ix *Index) removeLocked(ids []uint64) {
 			continue
 		}
 		delete(ix.passages, id)
+		ix.terms -= int64(p.terms)
 		rest := slices.DeleteFunc(ix.bySource[p.Source], func(x uint64) bool { return x == id })
 		if len(rest) == 0 {
 			delete(ix.bySource, p.Source)

@@ -110,9 +110,36 @@ type scored struct {
 	score float64
 }
 
+// corpusStats are the collection statistics BM25 needs: passages and
+// analyzed terms in all of them.
+type corpusStats struct {
+	docs  int
+	terms int64
+}
+
+// analyzedLength is the number of terms bleve indexes for text: the field
+// length BM25 normalizes by.
+func (b *bm25Index) analyzedLength(text string) int {
+	return len(b.idx.Mapping().AnalyzerNamed(en.AnalyzerName).Analyze([]byte(text)))
+}
+
 // search returns up to n passages by BM25 score, best first, and the score
 // a passage would need to match every query term at saturation.
-func (b *bm25Index) search(ctx context.Context, query string, n int) ([]scored, float64, error) {
+//
+// bleve 2.6.0 takes BM25's average field length to be the size of the
+// field's term dictionary divided by the document count, about 1 for a
+// corpus of short passages; every passage then looks dozens of times
+// longer than average and short ones (a document's last passage, a
+// one-line mail) win on length alone. Passing the true totals through
+// search.BM25StatsKey, the hook bleve uses to share statistics across
+// index aliases, restores the textbook average.
+func (b *bm25Index) search(ctx context.Context, query string, n int, st corpusStats) ([]scored, float64, error) {
+	if st.docs > 0 {
+		ctx = context.WithValue(ctx, search.BM25StatsKey, &search.BM25Stats{
+			DocCount:         float64(st.docs),
+			FieldCardinality: map[string]int{textField: int(st.terms)},
+		})
+	}
 	q := bleve.NewMatchQuery(query)
 	q.SetField(textField)
 	q.Analyzer = en.AnalyzerName
@@ -129,7 +156,7 @@ func (b *bm25Index) search(ctx context.Context, query string, n int) ([]scored, 
 		}
 		out = append(out, scored{id, h.Score})
 	}
-	upper, err := b.upperBound(ctx, query)
+	upper, err := b.upperBound(ctx, query, st.docs)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -143,7 +170,7 @@ func (b *bm25Index) search(ctx context.Context, query string, n int) ([]scored, 
 // no passage scores above k1·sqrt(Σ idf²). Dividing by it makes scores of
 // different queries and of different corpora comparable: it is the share
 // of the query's idf mass a passage matches.
-func (b *bm25Index) upperBound(ctx context.Context, query string) (float64, error) {
+func (b *bm25Index) upperBound(ctx context.Context, query string, docs int) (float64, error) {
 	an := b.idx.Mapping().AnalyzerNamed(en.AnalyzerName)
 	if an == nil {
 		return 0, errors.New("bleve analyzer en missing")
@@ -161,9 +188,11 @@ func (b *bm25Index) upperBound(ctx context.Context, query string) (float64, erro
 		return 0, fmt.Errorf("bleve reader: %w", err)
 	}
 	defer r.Close()
-	total, err := r.DocCount()
-	if err != nil {
-		return 0, fmt.Errorf("bleve doc count: %w", err)
+	total := uint64(docs)
+	if docs == 0 {
+		if total, err = r.DocCount(); err != nil {
+			return 0, fmt.Errorf("bleve doc count: %w", err)
+		}
 	}
 	var sumSq float64
 	for _, t := range tokens {

@@ -94,6 +94,7 @@ type Index struct {
 	bySource map[string][]uint64
 	files    map[string]*fileRecord
 	graph    *hnsw.Graph[uint64]
+	terms    int64 // analyzed terms in all passages, for BM25
 	closed   bool
 
 	// exclude are folders Add never reads: the index's own directory and,
@@ -283,6 +284,7 @@ func (ix *Index) load() error {
 	}
 	for id, p := range ix.passages {
 		ix.bySource[p.Source] = append(ix.bySource[p.Source], id)
+		ix.terms += int64(p.terms)
 	}
 	if ix.files, err = readFiles(filepath.Join(dir, filesFile)); err != nil {
 		return corrupt(dir, "unreadable file list", err)

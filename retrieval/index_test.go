@@ -1,6 +1,7 @@
 package retrieval
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -365,16 +366,16 @@ func TestBM25UpperBound(t *testing.T) {
 	// Every score stays below the bound, and a query with a word the
 	// corpus lacks scores the same passage lower (it matches less of it).
 	for _, q := range []string{"bread", "bread oven flour yeast salt water dough", "the whales sing songs"} {
-		lex, upper, err := ix.bm25.search(t.Context(), q, 10)
+		lex, upper, err := ix.bm25.search(t.Context(), q, 10, ix.corpusStats())
 		require.NoError(t, err)
 		require.NotEmpty(t, lex, q)
 		for _, s := range lex {
 			assert.Less(t, s.score, upper, q)
 		}
 	}
-	a, ua, err := ix.bm25.search(t.Context(), "whales", 1)
+	a, ua, err := ix.bm25.search(t.Context(), "whales", 1, ix.corpusStats())
 	require.NoError(t, err)
-	b, ub, err := ix.bm25.search(t.Context(), "whales xylophone", 1)
+	b, ub, err := ix.bm25.search(t.Context(), "whales xylophone", 1, ix.corpusStats())
 	require.NoError(t, err)
 	require.Len(t, a, 1)
 	require.Len(t, b, 1)
@@ -426,4 +427,43 @@ func TestBuildReplacesOnlyIndexes(t *testing.T) {
 	leftovers, err := filepath.Glob(filepath.Join(docs, "idx.*"))
 	require.NoError(t, err)
 	assert.Empty(t, leftovers, "no temporary directories stay behind")
+}
+
+// TestBM25IsTextbook checks the scores against BM25 computed by hand, which
+// holds only if the true average passage length reaches bleve.
+func TestBM25IsTextbook(t *testing.T) {
+	root := t.TempDir()
+	files := map[string]string{}
+	// Ten passages of four distinct terms each (avgdl = 4), one of which is
+	// longer (eight terms) and one shorter (two terms); "zebra" occurs once
+	// in a four-term, the eight-term and the two-term passage.
+	for i := range 7 {
+		files[fmt.Sprintf("p%d.txt", i)] = fmt.Sprintf("alpha%c bravo%c charlie%c delta%c", 'a'+i, 'a'+i, 'a'+i, 'a'+i)
+	}
+	files["zebra4.txt"] = "zebra echo foxtrot golf"
+	files["zebra8.txt"] = "zebra hotel india juliett kilo lima mike november"
+	files["zebra2.txt"] = "zebra oscar"
+	writeFiles(t, root, files)
+	ix, _, err := Build(t.Context(), filepath.Join(root, "idx"), Options{Tokenizer: newWordTokenizer()}, root)
+	require.NoError(t, err)
+	defer ix.Close()
+	st := ix.corpusStats()
+	require.Equal(t, 10, st.docs)
+	require.EqualValues(t, 7*4+4+8+2, st.terms)
+
+	lex, upper, err := ix.bm25.search(t.Context(), "zebra", 5, st)
+	require.NoError(t, err)
+	require.Len(t, lex, 3)
+	const k1, b = 1.2, 0.75
+	avgdl := math.Ceil(42.0 / 10) // bleve rounds the average up
+	idf := math.Log(1 + (10-3+0.5)/(3+0.5))
+	byLen := map[int]float64{}
+	for _, s := range lex {
+		p := ix.passages[s.id]
+		byLen[p.terms] = s.score / upper
+	}
+	for _, dl := range []int{2, 4, 8} {
+		want := idf * k1 / (1 + k1*(1-b+b*float64(dl)/avgdl)) / (k1 * idf)
+		assert.InDelta(t, want, byLen[dl], 0.02, "passage of %d terms", dl)
+	}
 }

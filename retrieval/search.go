@@ -47,6 +47,7 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	ix.mu.RLock()
 	closed, dense, dims := ix.closed, ix.man.Dense, ix.man.Dims
 	ix.mu.RUnlock()
+	stats := ix.corpusStats()
 	if closed {
 		return nil, ErrClosed
 	}
@@ -62,7 +63,7 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	var lex []scored
 	var upper float64
 	if mode != ModeDense {
-		if lex, upper, err = ix.bm25.search(ctx, query, pool); err != nil {
+		if lex, upper, err = ix.bm25.search(ctx, query, pool, stats); err != nil {
 			return nil, fmt.Errorf("search %s: %w", ix.dir, err)
 		}
 	}
@@ -98,6 +99,12 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 		hits[i].Passage = *ix.passages[hits[i].Passage.ID]
 	}
 	return hits, nil
+}
+
+func (ix *Index) corpusStats() corpusStats {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return corpusStats{docs: len(ix.passages), terms: ix.terms}
 }
 
 func (ix *Index) resolveMode(mode Mode, dense bool) (Mode, error) {

@@ -56,6 +56,16 @@ type Passage struct {
 	Tokens int               `json:"tokens"`
 	Text   string            `json:"text"`
 	Meta   map[string]string `json:"meta,omitempty"`
+
+	// terms is the passage's length as BM25 counts it (analyzed terms).
+	terms int
+}
+
+// passageRecord is a line of passages.jsonl: the passage and what only the
+// index needs.
+type passageRecord struct {
+	*Passage
+	Terms int `json:"terms"`
 }
 
 // fileRecord remembers an ingested file, so that Add skips it while it is
@@ -125,7 +135,7 @@ func writePassages(path string, ps map[uint64]*Passage) error {
 	return writeFileAtomic(path, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		for _, id := range ids {
-			if err := enc.Encode(ps[id]); err != nil {
+			if err := enc.Encode(passageRecord{ps[id], ps[id].terms}); err != nil {
 				return err
 			}
 		}
@@ -143,11 +153,13 @@ func readPassages(path string) (map[uint64]*Passage, error) {
 	dec := json.NewDecoder(bufio.NewReaderSize(f, 1<<20))
 	for line := 1; ; line++ {
 		p := new(Passage)
-		if err := dec.Decode(p); err == io.EOF {
+		rec := passageRecord{Passage: p}
+		if err := dec.Decode(&rec); err == io.EOF {
 			return ps, nil
 		} else if err != nil {
 			return nil, fmt.Errorf("%s record %d: %w", passagesFile, line, err)
 		}
+		p.terms = rec.Terms
 		if _, dup := ps[p.ID]; dup {
 			return nil, fmt.Errorf("%s record %d: duplicate passage id %d", passagesFile, line, p.ID)
 		}
