@@ -91,7 +91,12 @@ func partText(h textproto.MIMEHeader, body io.Reader, depth int) (plain, htmlTex
 	case strings.HasPrefix(mediaType, "multipart/"):
 		return multipartText(params["boundary"], body, depth)
 	case mediaType == "text/plain", mediaType == "text/html":
-		data, err := io.ReadAll(transferDecoder(h.Get("Content-Transfer-Encoding"), body))
+		raw, err := io.ReadAll(body)
+		if err != nil && (len(raw) == 0 || !errors.Is(err, io.ErrUnexpectedEOF)) {
+			return "", "", fmt.Errorf("read %s body: %w", mediaType, err)
+		}
+		// A truncated message (no closing boundary) keeps what it has.
+		data, err := decodeTransfer(h.Get("Content-Transfer-Encoding"), raw)
 		if err != nil {
 			return "", "", fmt.Errorf("decode %s body: %w", mediaType, err)
 		}
@@ -137,14 +142,71 @@ func multipartText(boundary string, body io.Reader, depth int) (plain, htmlText 
 	return strings.Join(plains, "\n\n"), strings.Join(htmls, "\n\n"), nil
 }
 
-func transferDecoder(cte string, r io.Reader) io.Reader {
+// decodeTransfer undoes a Content-Transfer-Encoding. Real mail is often
+// slightly broken ("=====" rules in quoted-printable, a cut base64 tail),
+// so a damaged body decodes as far as it can instead of being lost.
+func decodeTransfer(cte string, raw []byte) ([]byte, error) {
 	switch strings.ToLower(strings.TrimSpace(cte)) {
 	case "quoted-printable":
-		return quotedprintable.NewReader(r)
+		if out, err := io.ReadAll(quotedprintable.NewReader(bytes.NewReader(raw))); err == nil {
+			return out, nil
+		}
+		return lenientQP(raw), nil
 	case "base64":
-		return base64.NewDecoder(base64.StdEncoding, &skipSpace{r: r})
+		out, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, &skipSpace{r: bytes.NewReader(raw)}))
+		if err != nil && len(out) == 0 {
+			return nil, err
+		}
+		return out, nil
 	}
-	return r
+	return raw, nil
+}
+
+// lenientQP decodes "=XX" escapes and "=" soft line breaks and keeps any
+// other "=" as it is. An "=" right after a literal one is literal too, so
+// that "=====" rule lines, common in unencoded text labelled
+// quoted-printable, keep their line break.
+func lenientQP(raw []byte) []byte {
+	out := make([]byte, 0, len(raw))
+	literalEq := false
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '=' {
+			out = append(out, c)
+			literalEq = false
+			continue
+		}
+		rest := raw[i+1:]
+		switch {
+		case literalEq:
+			out = append(out, c)
+		case bytes.HasPrefix(rest, []byte("\r\n")):
+			i += 2
+		case bytes.HasPrefix(rest, []byte("\n")):
+			i++
+		case len(rest) >= 2 && isHex(rest[0]) && isHex(rest[1]):
+			out = append(out, unhex(rest[0])<<4|unhex(rest[1]))
+			i += 2
+		default:
+			out = append(out, c)
+			literalEq = true
+		}
+	}
+	return out
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'A' <= c && c <= 'F' || 'a' <= c && c <= 'f'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // skipSpace drops the line breaks (and stray blanks) base64 bodies carry.
@@ -168,8 +230,13 @@ func (s *skipSpace) Read(p []byte) (int, error) {
 
 // decodeCharset converts text in the named charset to UTF-8. Unknown
 // charsets and invalid bytes degrade to U+FFFD rather than failing.
+// 8-bit text labelled US-ASCII (or not labelled) that is not UTF-8 is read
+// as Windows-1252, the usual culprit.
 func decodeCharset(data []byte, charset string) string {
 	cs := strings.ToLower(strings.TrimSpace(charset))
+	if (cs == "" || cs == "us-ascii") && !utf8.Valid(data) {
+		cs = "windows-1252"
+	}
 	if cs != "" && cs != "utf-8" && cs != "utf8" && cs != "us-ascii" {
 		if enc, err := htmlindex.Get(cs); err == nil {
 			if out, err := enc.NewDecoder().Bytes(data); err == nil {
@@ -209,15 +276,17 @@ func htmlToText(s string) string {
 		case html.StartTagToken:
 			name, _ := z.TagName()
 			switch string(name) {
-			case "script", "style", "head", "title":
+			case "script", "style", "title":
 				skip++
+			case "body":
+				skip = 0 // an unclosed <title> or <style> in the head ends here
 			case "br", "p", "div", "tr", "li", "h1", "h2", "h3", "h4", "h5", "h6":
 				b.WriteByte('\n')
 			}
 		case html.EndTagToken:
 			name, _ := z.TagName()
 			switch string(name) {
-			case "script", "style", "head", "title":
+			case "script", "style", "title":
 				skip = max(0, skip-1)
 			case "p", "div", "tr", "li", "table", "h1", "h2", "h3", "h4", "h5", "h6":
 				b.WriteByte('\n')

@@ -83,6 +83,14 @@ func TestParseMessage(t *testing.T) {
 			[]string{"Body text before the attachment."}, []string{"attachment text"}},
 		{"html only falls back to text", htmlOnlyMail, "Newsletter", "news@example.org",
 			[]string{"Weekly & news", "First item.", "Second item."}, []string{"alert", "color", "<p>"}},
+		{"broken quoted-printable decodes leniently", "From: x@y\nSubject: rules\nContent-Transfer-Encoding: quoted-printable\n\n" +
+			"Title\n======\ncaf=E9 soft=\nbreak =ZZ end\n", "rules", "x@y",
+			[]string{"======\n", "café softbreak =ZZ end"}, nil},
+		{"truncated multipart keeps its text", "From: x@y\nSubject: cut\nContent-Type: multipart/alternative; boundary=b\n\n" +
+			"--b\nContent-Type: text/plain\n\nThe text survives.\n--b\nContent-Type: text/html\n\n<p>cut off", "cut", "x@y",
+			[]string{"The text survives."}, nil},
+		{"unclosed html head", "From: x@y\nSubject: h\nContent-Type: text/html\n\n<HTML><HEAD><TITLE>T</TITLE><BODY><P>Visible text.</P>", "h", "x@y",
+			[]string{"Visible text."}, []string{"T\n"}},
 		{"mbox envelope line tolerated", "From alice@example.org  Thu Aug 22 12:36:23 2002\n" + alternativeMail,
 			"Report", "alice@example.org", []string{"plain version"}, nil},
 	}
