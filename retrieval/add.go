@@ -202,6 +202,7 @@ func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, tot
 			ix.mu.Lock()
 			for j := i; j < min(i+graphChunk, len(add)); j++ {
 				ix.graph.Add(hnsw.MakeNode(add[j].ID, vecs[j]))
+				ix.vecs[add[j].ID] = vecs[j]
 			}
 			ix.mu.Unlock()
 		}
@@ -273,6 +274,7 @@ func (ix *Index) removeLocked(ids []uint64) {
 			continue
 		}
 		delete(ix.passages, id)
+		delete(ix.vecs, id)
 		ix.terms -= int64(p.terms)
 		rest := slices.DeleteFunc(ix.bySource[p.Source], func(x uint64) bool { return x == id })
 		if len(rest) == 0 {
@@ -295,15 +297,8 @@ func (ix *Index) maybeCompact() error {
 	if dead <= 0 || (dead <= maxTombstones && dead*4 <= n) {
 		return nil
 	}
-	ids := make([]uint64, 0, len(ix.passages))
-	for id := range ix.passages {
-		ids = append(ids, id)
-	}
-	ng, err := rebuildGraph(ix.graph, ids)
-	if err != nil {
-		return err
-	}
-	ix.log.Debug("compacted dense graph", "dir", ix.dir, "dropped", dead, "kept", len(ids))
+	ng := rebuildGraph(ix.vecs)
+	ix.log.Debug("compacted dense graph", "dir", ix.dir, "dropped", dead, "kept", ng.Len())
 	ix.mu.Lock()
 	ix.graph = ng
 	ix.mu.Unlock()

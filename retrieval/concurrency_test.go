@@ -14,7 +14,13 @@ import (
 // TestConcurrentSearchWhileWriting runs searches from many goroutines while
 // one goroutine adds and deletes files. Run it with -race.
 func TestConcurrentSearchWhileWriting(t *testing.T) {
-	ix, _, _ := buildTestIndex(t, Options{CommitEvery: 3, EmbedBatch: 2})
+	for _, dp := range densePaths {
+		t.Run(dp.name, func(t *testing.T) { testConcurrentSearchWhileWriting(t, dp.exactMax) })
+	}
+}
+
+func testConcurrentSearchWhileWriting(t *testing.T, exactMax int) {
+	ix, _, _ := buildTestIndex(t, Options{CommitEvery: 3, EmbedBatch: 2, ExactDenseMax: exactMax})
 	extra := filepath.Join(t.TempDir(), "extra")
 	files := map[string]string{}
 	for i := range 12 {

@@ -33,6 +33,10 @@ type Options struct {
 	// (default 4096): an interrupted Add keeps what it committed, and
 	// running it again skips the files already in.
 	CommitEvery int
+	// ExactDenseMax is the largest index whose dense search scans every
+	// vector (default DefaultExactDenseMax); larger ones use the HNSW
+	// graph. Negative: always the graph.
+	ExactDenseMax int
 	// ReadOnly opens an index for searching only (shared lock).
 	ReadOnly bool
 	// Progress, if set, is called as files are read and passages embedded
@@ -45,6 +49,9 @@ func (o Options) withDefaults() Options {
 	o.Chunk = o.Chunk.withDefaults()
 	if o.EmbedBatch <= 0 {
 		o.EmbedBatch = 32
+	}
+	if o.ExactDenseMax == 0 {
+		o.ExactDenseMax = DefaultExactDenseMax
 	}
 	if o.CommitEvery <= 0 {
 		o.CommitEvery = 4096
@@ -94,7 +101,8 @@ type Index struct {
 	bySource map[string][]uint64
 	files    map[string]*fileRecord
 	graph    *hnsw.Graph[uint64]
-	terms    int64 // analyzed terms in all passages, for BM25
+	vecs     map[uint64][]float32 // live passages' unit vectors (shared with graph)
+	terms    int64                // analyzed terms in all passages, for BM25
 	closed   bool
 
 	// exclude are folders Add never reads: the index's own directory and,
@@ -218,6 +226,7 @@ func create(dir string, opts Options) (*Index, error) {
 	}
 	if man.Dense {
 		ix.graph = newGraph()
+		ix.vecs = map[uint64][]float32{}
 	}
 	if err := ix.persist(); err != nil {
 		b.close()
@@ -317,6 +326,14 @@ func (ix *Index) load() error {
 	}
 	if ix.graph.Len() > 0 && ix.graph.Dims() != man.Dims {
 		return corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", ix.graph.Dims(), man.Dims), nil)
+	}
+	ix.vecs = make(map[uint64][]float32, len(ix.passages))
+	for id := range ix.passages {
+		v, ok := ix.graph.Lookup(id)
+		if !ok {
+			return corrupt(dir, fmt.Sprintf("passage %d has no vector in the dense graph", id), nil)
+		}
+		ix.vecs[id] = v
 	}
 	return nil
 }

@@ -63,8 +63,21 @@ func TestBM25FindsRareKeyword(t *testing.T) {
 	assert.Contains(t, hits[0].Passage.Source, "cooking.txt")
 }
 
+// densePaths are the two dense search paths: scanning every vector and
+// the HNSW graph.
+var densePaths = []struct {
+	name     string
+	exactMax int
+}{{"exact", 0}, {"hnsw", -1}}
+
 func TestDenseFindsParaphrase(t *testing.T) {
-	ix, _, corpus := buildTestIndex(t, Options{})
+	for _, dp := range densePaths {
+		t.Run(dp.name, func(t *testing.T) { testDenseFindsParaphrase(t, Options{ExactDenseMax: dp.exactMax}) })
+	}
+}
+
+func testDenseFindsParaphrase(t *testing.T, opts Options) {
+	ix, _, corpus := buildTestIndex(t, opts)
 	const query = "A doctor gave drugs for his sickness"
 	want := filepath.Join(corpus, "medicine.txt")
 
@@ -89,9 +102,15 @@ func TestDenseFindsParaphrase(t *testing.T) {
 }
 
 func TestIndexRoundTrip(t *testing.T) {
+	for _, dp := range densePaths {
+		t.Run(dp.name, func(t *testing.T) { testIndexRoundTrip(t, dp.exactMax) })
+	}
+}
+
+func testIndexRoundTrip(t *testing.T, exactMax int) {
 	emb := newSynonymEmbedder()
 	tok := newWordTokenizer()
-	ix, dir, _ := buildTestIndex(t, Options{Embedder: emb, Tokenizer: tok})
+	ix, dir, _ := buildTestIndex(t, Options{Embedder: emb, Tokenizer: tok, ExactDenseMax: exactMax})
 	queries := []string{"bread oven", "fast car race", "sea whales", "cash in the bank", "physician medication"}
 	modes := []Mode{ModeBM25, ModeDense, ModeHybrid}
 	before := map[string][]Hit{}
@@ -108,7 +127,7 @@ func TestIndexRoundTrip(t *testing.T) {
 	_, err := ix.Search(t.Context(), "bread", 1, ModeBM25)
 	assert.ErrorIs(t, err, ErrClosed)
 
-	re, err := Open(dir, Options{Embedder: emb, Tokenizer: tok, ReadOnly: true})
+	re, err := Open(dir, Options{Embedder: emb, Tokenizer: tok, ReadOnly: true, ExactDenseMax: exactMax})
 	require.NoError(t, err)
 	defer re.Close()
 	for key, want := range before {
@@ -132,8 +151,14 @@ func TestIndexRoundTrip(t *testing.T) {
 }
 
 func TestDeleteRemovesSource(t *testing.T) {
+	for _, dp := range densePaths {
+		t.Run(dp.name, func(t *testing.T) { testDeleteRemovesSource(t, dp.exactMax) })
+	}
+}
+
+func testDeleteRemovesSource(t *testing.T, exactMax int) {
 	emb, tok := newSynonymEmbedder(), newWordTokenizer()
-	ix, dir, corpus := buildTestIndex(t, Options{Embedder: emb, Tokenizer: tok})
+	ix, dir, corpus := buildTestIndex(t, Options{Embedder: emb, Tokenizer: tok, ExactDenseMax: exactMax})
 	gone := filepath.Join(corpus, "notes", "cooking.txt")
 	before := ix.Stats().Manifest
 
@@ -160,7 +185,7 @@ func TestDeleteRemovesSource(t *testing.T) {
 	_, err = ix.Delete(corpus)
 	require.NoError(t, err)
 	require.NoError(t, ix.Close())
-	re, err := Open(dir, Options{Embedder: emb, Tokenizer: tok})
+	re, err := Open(dir, Options{Embedder: emb, Tokenizer: tok, ExactDenseMax: exactMax})
 	require.NoError(t, err)
 	defer re.Close()
 	assert.Zero(t, re.Stats().Manifest.Passages)
@@ -351,6 +376,16 @@ func TestScoreCalibration(t *testing.T) {
 	// RRF: first in both rankers is 1/TempRRF; first in one is half.
 	assert.InDelta(t, 10, rrfR(2.0/61, 2), 1e-12)
 	assert.InDelta(t, 5, rrfR(1.0/61, 2), 1e-12)
+	// A passage missing from one list of 50 counts as ranked 51st there.
+	assert.InDelta(t, 10*(1.0/61+1.0/111)/(2.0/61), rrfR(rrf(1, 50)+rrf(0, 50), 2), 1e-12)
+	hits := fuse(ModeHybrid, []scored{{1, 9}, {2, 8}}, 10, []scored{{2, 0.9}, {3, 0.8}}, 50)
+	byID := map[uint64]Hit{}
+	for _, h := range hits {
+		byID[h.Passage.ID] = h
+	}
+	assert.Greater(t, byID[2].Score, byID[1].Score, "found by both beats first in one")
+	assert.Greater(t, byID[1].Score, byID[3].Score)
+	assert.Equal(t, Hit{Passage: Passage{ID: 3}, Score: rrfR(rrf(0, 50)+rrf(2, 50), 2), DenseRank: 2, Cosine: 0.8}, byID[3])
 
 	for _, s := range []string{"auto", "bm25", "dense", "hybrid"} {
 		m, err := ParseMode(s)

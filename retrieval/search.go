@@ -83,11 +83,15 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	// Bleve may briefly hold passages a concurrent writer is removing.
 	lex = slices.DeleteFunc(lex, func(s scored) bool { return !live(s.id) })
 	var sem []scored
-	if qv != nil {
-		dead := max(0, ix.graph.Len()-len(ix.passages))
+	switch {
+	case qv == nil:
+	case ix.opts.ExactDenseMax >= 0 && len(ix.vecs) <= ix.opts.ExactDenseMax:
+		sem = exactSearch(ix.vecs, qv, pool)
+	default:
+		dead := max(0, ix.graph.Len()-len(ix.vecs))
 		sem = graphSearch(ix.graph, qv, pool, dead, live)
 	}
-	hits := fuse(mode, lex, upper, sem)
+	hits := fuse(mode, lex, upper, sem, pool)
 	slices.SortFunc(hits, func(a, b Hit) int {
 		if c := cmp.Compare(b.Score, a.Score); c != 0 {
 			return c
@@ -146,9 +150,14 @@ func (ix *Index) embedQuery(ctx context.Context, query string, dims int) ([]floa
 	return qv, nil
 }
 
-// fuse merges the rankers' lists (each best first) into hits with R set.
-// Passage holds only the ID; the caller fills in the rest.
-func fuse(mode Mode, lex []scored, upper float64, sem []scored) []Hit {
+// fuse merges the rankers' lists (each best first, at most pool long) into
+// hits with R set. Passage holds only the ID; the caller fills in the rest.
+//
+// In hybrid fusion a passage missing from one list counts as ranked just
+// past its end (pool+1) rather than contributing nothing: "not in the top
+// 50" is weak evidence against it, and with plain RRF a passage only one
+// ranker found would get a weight e^-5 below one both found.
+func fuse(mode Mode, lex []scored, upper float64, sem []scored, pool int) []Hit {
 	byID := map[uint64]*Hit{}
 	var order []uint64
 	get := func(id uint64) *Hit {
@@ -177,16 +186,18 @@ func fuse(mode Mode, lex []scored, upper float64, sem []scored) []Hit {
 		case ModeDense:
 			h.Score = denseR(h.Cosine)
 		default:
-			var s float64
-			if h.BM25Rank > 0 {
-				s += 1 / float64(RRFK+h.BM25Rank)
-			}
-			if h.DenseRank > 0 {
-				s += 1 / float64(RRFK+h.DenseRank)
-			}
-			h.Score = rrfR(s, 2)
+			h.Score = rrfR(rrf(h.BM25Rank, pool)+rrf(h.DenseRank, pool), 2)
 		}
 		hits = append(hits, *h)
 	}
 	return hits
+}
+
+// rrf is one ranker's reciprocal-rank term; rank 0 means absent from a list
+// of pool candidates.
+func rrf(rank, pool int) float64 {
+	if rank == 0 {
+		rank = pool + 1
+	}
+	return 1 / float64(RRFK+rank)
 }
