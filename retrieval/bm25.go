@@ -134,7 +134,7 @@ func (b *bm25Index) analyzedLength(text string) int {
 // search.BM25StatsKey, the hook bleve uses to share statistics across
 // index aliases, restores the textbook average.
 func (b *bm25Index) search(ctx context.Context, query string, n int, st corpusStats) ([]scored, float64, error) {
-	if st.docs > 0 {
+	if st.docs > 0 && st.terms > 0 {
 		ctx = context.WithValue(ctx, search.BM25StatsKey, &search.BM25Stats{
 			DocCount:         float64(st.docs),
 			FieldCardinality: map[string]int{textField: int(st.terms)},
