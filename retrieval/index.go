@@ -373,11 +373,11 @@ func (ix *Index) persist() error {
 
 // Stats describe an index.
 type Stats struct {
-	Dir        string
-	Manifest   Manifest
-	Tokens     int   // in all passages
-	Tombstones int   // deleted vectors still in the graph
-	DiskBytes  int64 // size of the directory
+	Dir        string   `json:"dir"`
+	Manifest   Manifest `json:"manifest"`
+	Tokens     int      `json:"tokens"`     // in all passages
+	Tombstones int      `json:"tombstones"` // deleted vectors still in the graph
+	DiskBytes  int64    `json:"disk_bytes"` // size of the directory
 }
 
 // Stats returns the index's counts.

@@ -158,7 +158,7 @@ func newIndexSearchCmd(fl *indexFlags) *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			w := retrieval.Weights(hits)
-			fmt.Fprintf(out, "%d hits in %v, logsumexp(R) = %.3f\n", len(hits), time.Since(start).Round(time.Millisecond), retrieval.LogSumExp(hits))
+			fmt.Fprintf(out, "%d hits in %v, logsumexp(R) = %.3f\n", len(hits), time.Since(start).Round(10*time.Microsecond), retrieval.LogSumExp(hits))
 			for i, h := range hits {
 				fmt.Fprintf(out, "\n#%d  R=%.3f  w=%.3f  bm25 #%d (%.3f)  dense #%d (cos %.3f)\n   %s [%d:%d]\n   %s\n",
 					i+1, h.Score, w[i], h.BM25Rank, h.BM25, h.DenseRank, h.Cosine,
