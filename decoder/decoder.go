@@ -165,6 +165,9 @@ func (d *Decoder) Close() error { return d.ectx.Close() }
 // stays as it was before that call.
 func (d *Decoder) Abort() { d.ectx.Abort() }
 
+// Model is the decoder's model.
+func (d *Decoder) Model() engine.Model { return d.model }
+
 // HTilde is logsumexp(R) of this side's passages (DRAGON Appendix A.1).
 func (d *Decoder) HTilde() float64 { return d.hTilde }
 
@@ -193,11 +196,37 @@ func (d *Decoder) Begin(ctx context.Context, query string, passages []Passage, c
 	}
 	d.passages = append(d.passages[:0], passages...)
 	texts, scores := d.promptTexts(query)
+	hTilde := math.Inf(-1) // no documents: no weight in a cross-side mixture
+	if len(passages) > 0 {
+		_, hTilde = weights(passageScores(passages))
+	}
+	return d.begin(ctx, texts, scores, hTilde, calib)
+}
+
+// BeginRaw starts a generation over prompts given as text, one sequence
+// each, weighted by softmax(scores), without the chat template: language
+// modelling (perplexity) and callers that render their own prompts.
+func (d *Decoder) BeginRaw(ctx context.Context, prompts []string, scores []float64) error {
+	if len(prompts) == 0 || len(prompts) != len(scores) {
+		return fmt.Errorf("decoder: %w: %d prompts with %d scores", engine.ErrInvalidInput, len(prompts), len(scores))
+	}
+	if len(prompts) > d.opts.MaxPassages {
+		return fmt.Errorf("decoder: %w: %d prompts, at most %d", engine.ErrInvalidInput, len(prompts), d.opts.MaxPassages)
+	}
+	d.passages = d.passages[:0]
+	_, hTilde := weights(scores)
+	return d.begin(ctx, prompts, scores, hTilde, nil)
+}
+
+func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, hTilde float64, calib func(int, [][]engine.TokenLogit) error) error {
 	d.prompts = d.prompts[:0]
 	for _, text := range texts {
 		toks, err := d.model.Tokenize(text, true, true)
 		if err != nil {
 			return fmt.Errorf("decoder: tokenize prompt: %w", err)
+		}
+		if len(toks) == 0 {
+			return fmt.Errorf("decoder: %w: empty prompt", engine.ErrInvalidInput)
 		}
 		if len(toks) >= d.opts.CtxPerSeq {
 			return fmt.Errorf("decoder: %w: prompt of %d tokens does not fit the context of %d per sequence",
@@ -205,12 +234,8 @@ func (d *Decoder) Begin(ctx context.Context, query string, passages []Passage, c
 		}
 		d.prompts = append(d.prompts, toks)
 	}
-	d.w, d.hTilde = weights(scores)
-	if len(passages) == 0 {
-		d.hTilde = math.Inf(-1) // no documents: no weight in a cross-side mixture
-	} else if d.opts.Mode == ContextAggregation {
-		_, d.hTilde = weights(passageScores(passages))
-	}
+	d.w, _ = weights(scores)
+	d.hTilde = hTilde
 	d.gen = d.gen[:0]
 	for s := range d.opts.MaxPassages {
 		if err := d.ectx.Truncate(s, 0); err != nil {

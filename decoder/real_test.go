@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 // both corpora with 1 and 4 passages. A mismatch is reported with the
 // prompt, never tolerated.
 func TestRealSpeculativeGreedyIsPlainGreedy(t *testing.T) {
-	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 2})
+	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
 	defer m.Close()
 	ctx := context.Background()

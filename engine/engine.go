@@ -95,6 +95,10 @@ type ContextOptions struct {
 	Threads int
 	// Embeddings makes Decode also produce per-token hidden states.
 	Embeddings bool
+	// Unified keeps all sequences in one KV buffer: needed for tokens that
+	// belong to several sequences (token trees) and partial CopySeq;
+	// otherwise each sequence has its own stream (backend permitting).
+	Unified bool
 }
 
 // Entry is one token of a batch.

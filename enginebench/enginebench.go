@@ -35,6 +35,7 @@ type Options struct {
 	Threads   int
 	CtxTokens int // context already held when decoding (default 256)
 	Reps      int // measured repetitions per figure (median reported)
+	Unified   bool
 	// InsideDecode, when set, reports how long the last Decode spent inside
 	// llama_decode, so the bench can tell what our wrapper costs around it.
 	InsideDecode func(c engine.Context) time.Duration
@@ -64,7 +65,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	}
 	maxSeqs := MultiseqSizes[len(MultiseqSizes)-1]
 	c, err := m.NewContext(engine.ContextOptions{
-		CtxPerSeq: opts.CtxTokens + 64, MaxSeqs: maxSeqs, BatchSize: opts.CtxTokens, Threads: opts.Threads,
+		CtxPerSeq: opts.CtxTokens + 64, MaxSeqs: maxSeqs, BatchSize: opts.CtxTokens, Threads: opts.Threads, Unified: opts.Unified,
 	})
 	if err != nil {
 		return nil, err

@@ -167,3 +167,50 @@ func LoadJSONL(path string) ([]Prompt, error) {
 	}
 	return out, nil
 }
+
+// Questions are retrieval questions over the two demo corpora: the State
+// of the Union addresses and the mailbox.
+var Questions = []string{
+	"What did the president say about taxes and the federal budget?",
+	"How should the country deal with foreign nations and treaties?",
+	"What was said about the army, the navy and national defense?",
+	"What are the plans for education and schools?",
+	"What did the address say about the economy and jobs?",
+	"How are Indian tribes on the frontier to be treated?",
+	"What is proposed for roads, canals and railroads?",
+	"What did the president say about slavery and the union?",
+	"What is the problem with the mail client or the spam filter?",
+	"Which Linux packages or RPMs were discussed?",
+	"Who is having trouble installing software?",
+	"What did the message say about the mailing list?",
+	"What was said about Python scripts or Perl code?",
+	"What is the news about the company or the product release?",
+	"Who wrote about the server being down?",
+	"What did people say about music and sound on Linux?",
+}
+
+// Windows are held-out spans of about words words from n evenly spaced
+// documents of a corpus folder, for perplexity: the text and the name of
+// the file it comes from.
+func Windows(dir string, n, words int) (texts, sources []string, err error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.txt"))
+	if err != nil || len(names) == 0 {
+		return nil, nil, fmt.Errorf("promptset: no .txt documents in %s (run `make corpus`)", dir)
+	}
+	slices.Sort(names)
+	for i := 0; i < n && i < len(names); i++ {
+		name := names[(2*i+1)*len(names)/(2*n)]
+		raw, err := os.ReadFile(name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("promptset: %w", err)
+		}
+		fields := strings.Fields(string(raw))
+		if len(fields) < 3*words {
+			continue
+		}
+		start := 2 * len(fields) / 3
+		texts = append(texts, strings.Join(fields[start:start+words], " "))
+		sources = append(sources, filepath.Base(name))
+	}
+	return texts, sources, nil
+}

@@ -17,7 +17,7 @@ func newBenchEngineCmd() *cobra.Command {
 	var (
 		modelPath, profile string
 		threads, reps, ctx int
-		asJSON             bool
+		asJSON, unified    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
@@ -33,7 +33,7 @@ func newBenchEngineCmd() *cobra.Command {
 				return err
 			}
 			res, err := enginebench.Run(cmd.Context(), m, enginebench.Options{
-				Threads: threads, CtxTokens: ctx, Reps: reps,
+				Threads: threads, CtxTokens: ctx, Reps: reps, Unified: unified,
 				InsideDecode: func(c engine.Context) time.Duration {
 					return c.(*llamacpp.Context).LastDecodeInside()
 				},
@@ -65,6 +65,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&reps, "reps", 30, "repetitions per figure (median reported)")
 	f.IntVar(&ctx, "ctx", 256, "context held when decoding")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&unified, "unified", false, "one KV buffer for all sequences")
 	f.StringVar(&profile, "cpuprofile", "", "write a Go CPU profile")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
@@ -109,11 +110,16 @@ func newGenerateCmd() *cobra.Command {
 	f.IntVar(&threads, "threads", 2, "compute threads")
 	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate")
 	f.IntVar(&ctxLen, "ctx", 2048, "context length")
+	addSamplingFlags(f, &sp)
+	return cmd
+}
+
+// addSamplingFlags registers the sampling parameters on a command.
+func addSamplingFlags(f *pflag.FlagSet, sp *sampling.Params) {
 	f.Float64Var(&sp.Temperature, "temperature", 0, "sampling temperature (0: greedy)")
 	f.IntVar(&sp.TopK, "top-k", 0, "top-k (0: off)")
 	f.Float64Var(&sp.TopP, "top-p", 0, "top-p (0: off)")
 	f.Float64Var(&sp.MinP, "min-p", 0, "min-p (0: off)")
 	f.Float64Var(&sp.RepeatPenalty, "repeat-penalty", 0, "repetition penalty (0 or 1: off)")
 	f.Uint64Var(&sp.Seed, "seed", 0, "sampling seed")
-	return cmd
 }

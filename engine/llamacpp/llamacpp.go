@@ -252,14 +252,14 @@ func (m *Model) Close() error {
 
 // NewContext implements engine.Model.
 func (m *Model) NewContext(opts engine.ContextOptions) (engine.Context, error) {
-	return m.NewLlamaContext(opts, false)
+	return m.NewLlamaContext(opts)
 }
 
-// NewLlamaContext is NewContext with the choice of KV layout: unified puts
-// all sequences in one buffer (needed for tokens shared by several
-// sequences and partial CopySeq; attention then spans every sequence's
-// cells), otherwise each sequence has its own stream.
-func (m *Model) NewLlamaContext(opts engine.ContextOptions, unified bool) (*Context, error) {
+// NewLlamaContext is NewContext returning the concrete type. With
+// opts.Unified attention spans every sequence's cells (masked); otherwise
+// each sequence has its own stream.
+func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
+	unified := opts.Unified
 	if err := m.alive(); err != nil {
 		return nil, err
 	}

@@ -34,18 +34,20 @@ var (
 	realErr   error
 )
 
-// loadReal shares one load of the real model across tests.
+// loadReal shares one load of the real model across tests. One thread:
+// `go test` runs packages side by side, and ggml's spinning barriers make an
+// oversubscribed machine pathologically slow.
 func loadReal(t *testing.T) *Model {
 	t.Helper()
 	path := realModelPath(t)
-	realOnce.Do(func() { realModel, realErr = Load(path, Options{Threads: 2}) })
+	realOnce.Do(func() { realModel, realErr = Load(path, Options{Threads: 1}) })
 	require.NoError(t, realErr)
 	return realModel
 }
 
 func newCtx(t *testing.T, m *Model, opts engine.ContextOptions) *Context {
 	t.Helper()
-	c, err := m.NewLlamaContext(opts, false)
+	c, err := m.NewLlamaContext(opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -163,7 +165,7 @@ func TestAbortDuringPrefill(t *testing.T) {
 	m := loadReal(t)
 	ctx := context.Background()
 	long := tokens(t, m, strings.Repeat(passage+" ", 40))[:1500]
-	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 2048, MaxSeqs: 1, BatchSize: 2048, Threads: 2})
+	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 2048, MaxSeqs: 1, BatchSize: 2048})
 
 	var b engine.Batch
 	for i, tok := range long {

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/nodebench"
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+func init() { commands = append(commands, newAskCmd) }
+
+// openIndex opens an index read-only; dense search uses m's embedder when
+// the index has vectors. The returned func closes what it opened.
+func openIndex(dir string, m engine.Model, threads int) (*retrieval.Index, func(), error) {
+	man, err := retrieval.ReadManifest(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts := retrieval.Options{ReadOnly: true, Tokenizer: m}
+	var emb *retrieval.EngineEmbedder
+	if man.Dense {
+		emb = retrieval.NewEngineEmbedder(m, retrieval.EngineEmbedderOptions{Threads: threads})
+		opts.Embedder = emb
+	}
+	ix, err := retrieval.Open(dir, opts)
+	if err != nil {
+		if emb != nil {
+			emb.Close()
+		}
+		return nil, nil, err
+	}
+	return ix, func() {
+		ix.Close()
+		if emb != nil {
+			emb.Close()
+		}
+	}, nil
+}
+
+func newAskCmd() *cobra.Command {
+	var (
+		modelPath, indexDir, question, modeName, aggName string
+		threads, k, maxTokens                            int
+		noSpec, quiet                                    bool
+		sp                                               sampling.Params
+	)
+	cmd := &cobra.Command{
+		Use:   "ask --index DIR --question TEXT",
+		Short: "Answer from one side alone: retrieve passages, decode one sequence per passage, mix",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if question == "" {
+				return errors.New("--question is empty")
+			}
+			mode, err := retrieval.ParseMode(modeName)
+			if err != nil {
+				return err
+			}
+			agg, err := decoder.ParseMode(aggName)
+			if err != nil {
+				return err
+			}
+			m, err := llamacpp.Load(modelPath, llamacpp.Options{Threads: threads})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			var passages []decoder.Passage
+			if indexDir != "" {
+				ix, closeIx, err := openIndex(indexDir, m, threads)
+				if err != nil {
+					return err
+				}
+				hits, err := ix.Search(cmd.Context(), question, k, mode)
+				closeIx()
+				if err != nil {
+					return err
+				}
+				passages = nodebench.Passages(hits)
+			}
+			opts := decoder.Options{MaxPassages: max(k, 1), CtxPerSeq: 1024, Threads: threads, Mode: agg}
+			if !noSpec {
+				opts.Spec = spec.DefaultOptions()
+			}
+			d, err := decoder.New(m, opts)
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			if !quiet {
+				for i, p := range passages {
+					fmt.Fprintf(os.Stderr, "[passage %d, R=%.2f] %s: %.80q\n", i+1, p.Score, p.Source, p.Text)
+				}
+			}
+			out := cmd.OutOrStdout()
+			res, err := d.Generate(cmd.Context(), decoder.Request{Query: question, Passages: passages, Sampling: sp, MaxTokens: maxTokens},
+				func(_ engine.Token, text string) error {
+					_, err := fmt.Fprint(out, text)
+					return err
+				})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(out)
+			if !quiet {
+				fmt.Fprintf(os.Stderr, "[%d passages, ttft %.0f ms, %d tokens at %.1f tok/s, %d forward passes, %d draft tokens accepted]\n",
+					len(passages), res.TTFTMS, len(res.Tokens), res.TokensPerSecond(), res.Steps, res.Spec.AcceptedTokens)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&modelPath, "model", defaultModel(), "GGUF model file")
+	f.StringVar(&indexDir, "index", "", "index directory (none: the model alone)")
+	f.StringVar(&question, "question", "", "the question")
+	f.StringVar(&modeName, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
+	f.StringVar(&aggName, "aggregation", "output", "output (a sequence per passage) or context (one concatenated prompt)")
+	f.IntVarP(&k, "k", "k", 4, "passages to retrieve")
+	f.IntVar(&threads, "threads", 2, "compute threads")
+	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate")
+	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
+	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
+	addSamplingFlags(f, &sp)
+	return cmd
+}

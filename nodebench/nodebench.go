@@ -1,0 +1,237 @@
+// Package nodebench measures one side's RAG node on the real model: the
+// cost of retrieval against the time to first token, per-token decode cost
+// by passage count for output and context aggregation, and perplexity with
+// and without retrieval on held-out windows of the public corpus.
+package nodebench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/retrieval"
+)
+
+// Result is the JSON printed by `dragon bench node`.
+type Result struct {
+	Prompts         int                `json:"prompts"`
+	Threads         int                `json:"threads"`
+	RetrievalMS     float64            `json:"retrieval_ms"`
+	PrefillMS       float64            `json:"prefill_ms"`
+	TTFTMS          float64            `json:"ttft_ms"`
+	RetrievalShare  float64            `json:"retrieval_share_of_ttft"`
+	DecodeMS        map[string]float64 `json:"decode_ms"`
+	DecodeMSContext map[string]float64 `json:"decode_ms_context"`
+	Decode8Over1    float64            `json:"decode8_over_decode1"`
+	PPLWindows      int                `json:"ppl_windows"`
+	PPLNoRetrieval  float64            `json:"ppl_no_retrieval"`
+	PPLOutputAgg    float64            `json:"ppl_output_agg"`
+}
+
+// Options of a run.
+type Options struct {
+	Threads int
+	// Queries are retrieval questions; each retrieves up to 8 passages.
+	Queries []string
+	Index   retrieval.Searcher
+	// Windows are held-out texts of the public corpus, with their source
+	// (excluded from retrieval) for perplexity.
+	Windows []Window
+	// DecodeTokens per measured generation.
+	DecodeTokens int
+}
+
+// Window is a held-out span of text.
+type Window struct {
+	Source string
+	Text   string
+}
+
+// PassageCounts are the keys of the decode maps.
+var PassageCounts = []int{1, 2, 4, 8}
+
+// TTFTPassages is the passage count of the time-to-first-token figures.
+const TTFTPassages = 4
+
+// Run measures.
+func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
+	if len(opts.Queries) == 0 {
+		return nil, fmt.Errorf("nodebench: no queries")
+	}
+	if opts.DecodeTokens <= 0 {
+		opts.DecodeTokens = 16
+	}
+	res := &Result{Prompts: len(opts.Queries), Threads: opts.Threads, DecodeMS: map[string]float64{}, DecodeMSContext: map[string]float64{}}
+	maxP := PassageCounts[len(PassageCounts)-1]
+	hits := make([][]decoder.Passage, len(opts.Queries))
+	var retr []float64
+	for i, q := range opts.Queries {
+		start := time.Now()
+		h, err := opts.Index.Search(ctx, q, maxP, retrieval.ModeAuto)
+		if err != nil {
+			return nil, fmt.Errorf("nodebench: search %q: %w", q, err)
+		}
+		retr = append(retr, ms(time.Since(start)))
+		hits[i] = Passages(h)
+	}
+	res.RetrievalMS = median(retr)
+
+	out, err := decoder.New(m, decoder.Options{MaxPassages: maxP, CtxPerSeq: 512, Threads: opts.Threads})
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	ctxAgg, err := decoder.New(m, decoder.Options{MaxPassages: maxP, CtxPerSeq: 2048, Threads: opts.Threads, Mode: decoder.ContextAggregation})
+	if err != nil {
+		return nil, err
+	}
+	defer ctxAgg.Close()
+
+	var prefill, ttft []float64
+	for i, q := range opts.Queries {
+		ps := hits[i][:min(TTFTPassages, len(hits[i]))]
+		start := time.Now()
+		if err := out.Begin(ctx, q, ps, nil); err != nil {
+			return nil, err
+		}
+		prefill = append(prefill, ms(time.Since(start)))
+		if _, err := out.Next(ctx); err != nil { // the first token's distribution
+			return nil, err
+		}
+		ttft = append(ttft, retr[i]+ms(time.Since(start)))
+	}
+	res.PrefillMS, res.TTFTMS = median(prefill), median(ttft)
+	res.RetrievalShare = res.RetrievalMS / res.TTFTMS
+
+	for _, n := range PassageCounts {
+		for _, c := range []struct {
+			d   *decoder.Decoder
+			dst map[string]float64
+		}{{out, res.DecodeMS}, {ctxAgg, res.DecodeMSContext}} {
+			var per []float64
+			for i, q := range opts.Queries {
+				ps := hits[i][:min(n, len(hits[i]))]
+				r, err := c.d.Generate(ctx, decoder.Request{Query: q, Passages: ps, MaxTokens: opts.DecodeTokens}, nil)
+				if err != nil {
+					return nil, err
+				}
+				if len(r.Tokens) > 1 {
+					per = append(per, r.DecodeMS/float64(len(r.Tokens)-1))
+				}
+			}
+			c.dst[strconv.Itoa(n)] = median(per)
+		}
+	}
+	res.Decode8Over1 = res.DecodeMS["8"] / res.DecodeMS["1"]
+
+	if len(opts.Windows) > 0 {
+		if err := perplexity(ctx, out, opts, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// perplexity scores the second half of each window given its first half,
+// with no retrieval and with TTFTPassages passages retrieved for the first
+// half from other documents (held out: the window's own source is
+// excluded), output-aggregated.
+func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Result) error {
+	var nllPlain, nllRAG float64
+	var count int
+	for _, w := range opts.Windows {
+		words := splitHalf(w.Text)
+		if words[0] == "" || words[1] == "" {
+			continue
+		}
+		hits, err := opts.Index.Search(ctx, words[0], 4*TTFTPassages, retrieval.ModeAuto)
+		if err != nil {
+			return err
+		}
+		hits = slices.DeleteFunc(hits, func(h retrieval.Hit) bool { return h.Passage.Source == w.Source })
+		hits = hits[:min(TTFTPassages, len(hits))]
+		plain, n, err := nll(ctx, d, []string{words[0]}, []float64{0}, words[1])
+		if err != nil {
+			return err
+		}
+		prefixes := make([]string, len(hits))
+		scores := make([]float64, len(hits))
+		for i, h := range hits {
+			prefixes[i] = h.Passage.Text + "\n\n" + words[0]
+			scores[i] = h.Score
+		}
+		if len(hits) == 0 {
+			prefixes, scores = []string{words[0]}, []float64{0}
+		}
+		rag, _, err := nll(ctx, d, prefixes, scores, words[1])
+		if err != nil {
+			return err
+		}
+		nllPlain += plain
+		nllRAG += rag
+		count += n
+		res.PPLWindows++
+	}
+	if count == 0 {
+		return fmt.Errorf("nodebench: no usable perplexity windows")
+	}
+	res.PPLNoRetrieval = math.Exp(nllPlain / float64(count))
+	res.PPLOutputAgg = math.Exp(nllRAG / float64(count))
+	return nil
+}
+
+// nll is the negative log-likelihood of cont after each prefix, under the
+// mixture weighted by softmax(scores), and the number of tokens scored.
+func nll(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string) (float64, int, error) {
+	if err := d.BeginRaw(ctx, prefixes, scores); err != nil {
+		return 0, 0, err
+	}
+	toks, err := d.Model().Tokenize(" "+cont, false, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	rows, err := d.Verify(ctx, toks)
+	if err != nil {
+		return 0, 0, err
+	}
+	var sum float64
+	for i, t := range toks {
+		sum -= math.Log(max(float64(rows[i][t]), 1e-30))
+	}
+	return sum, len(toks), nil
+}
+
+func splitHalf(text string) [2]string {
+	words := strings.Fields(text)
+	h := len(words) / 2
+	return [2]string{strings.Join(words[:h], " "), strings.Join(words[h:], " ")}
+}
+
+// Passages converts retrieval hits for the decoder.
+func Passages(hits []retrieval.Hit) []decoder.Passage {
+	out := make([]decoder.Passage, len(hits))
+	for i, h := range hits {
+		out[i] = decoder.Passage{Text: h.Passage.Text, Score: h.Score, Source: h.Passage.Source}
+	}
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
