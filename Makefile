@@ -76,9 +76,13 @@ test: deps model corpus vet proto-tools
 test-short: deps model
 	$(GO) test -count=1 ./...
 
-run: build model
-	bin/dragon generate --model $(MODEL) --threads $(THREADS) \
-	  --prompt "In two sentences, what is retrieval-augmented generation?"
+# Until the daemons exist: one side's RAG answer over the public corpus.
+# The demo indexes are BM25-only (seconds to build); `make index
+# INDEX_FLAGS=` adds dense vectors (an hour of embedding on 2 cores).
+INDEX_FLAGS ?= --dense=false
+QUESTION ?= What did the president say about taxes and the national debt?
+run: build model corpus index
+	bin/dragon ask --model $(MODEL) --threads $(THREADS) --index data/index/cloud --question "$(QUESTION)"
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json

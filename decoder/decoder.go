@@ -77,6 +77,9 @@ type Options struct {
 	Rescore      func(ctx context.Context, text string, passages []Passage) ([]float64, error)
 	// Spec configures local speculative decoding (Generate only).
 	Spec spec.Options
+	// NoCostModel verifies every draft the drafter offers, whole, instead
+	// of letting the cost model choose the length (for ablations).
+	NoCostModel bool
 	// VerifyTable holds measured verification costs (ms by batch rows) for
 	// the cost model; nil starts from relative units and learns online.
 	VerifyTable *spec.VerifyTable

@@ -154,7 +154,9 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			draft = d.drafter.Draft()
 			avail := min(len(draft.Tokens), room()-1)
 			plan = d.cost.Choose(draft.MatchLen, avail)
-			if plan.Gamma == 0 && avail > 0 && d.acc.Attempts(draft.MatchLen) < exploreAttempts {
+			if d.opts.NoCostModel && avail > 0 {
+				plan = d.cost.Plan(draft.MatchLen, avail)
+			} else if plan.Gamma == 0 && avail > 0 && d.acc.Attempts(draft.MatchLen) < exploreAttempts {
 				// Too little evidence in this match-length bucket for the
 				// cost model to judge it: try a short draft to learn α.
 				plan = d.cost.Plan(draft.MatchLen, min(avail, exploreGamma))

@@ -34,7 +34,9 @@ func run() error {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(cmd *cobra.Command, args []string) {
-			level := slog.LevelWarn
+			// llama.cpp logs through slog's level too: its warnings (context
+			// sizes, graph reservations) are noise for a CLI user.
+			level := slog.LevelError
 			if verbose {
 				level = slog.LevelDebug
 			}

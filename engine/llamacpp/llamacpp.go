@@ -71,10 +71,7 @@ func Load(path string, opts Options) (*Model, error) {
 
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
-	params := C.llama_model_default_params()
-	params.use_mmap = true
-	params.n_gpu_layers = 0
-	cm := C.llama_model_load_from_file(cpath, params)
+	cm := C.dragon_model_load(cpath)
 	if cm == nil {
 		return nil, fmt.Errorf("%w: llama.cpp could not load %s (unsupported architecture or corrupt tensors; run with -v for llama.cpp's log)", engine.ErrBadModel, path)
 	}

@@ -96,3 +96,17 @@ int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int
 }
 
 int64_t dragon_last_decode_ns(dragon_ctx *c) { return c->last_decode_ns; }
+
+static bool dragon_quiet_progress(float progress, void *data) {
+    (void)progress;
+    (void)data;
+    return true;
+}
+
+struct llama_model *dragon_model_load(const char *path) {
+    struct llama_model_params p = llama_model_default_params();
+    p.use_mmap = true;
+    p.n_gpu_layers = 0;
+    p.progress_callback = dragon_quiet_progress;  // no dots on stderr
+    return llama_model_load_from_file(path, p);
+}

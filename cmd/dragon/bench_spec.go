@@ -1,0 +1,55 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/promptset"
+	"github.com/dragon-rag/dragon/specbench"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchSpecCmd) }
+
+// hardPrompts ask for text that is in no passage: context drafts fail.
+var hardPrompts = []promptset.Prompt{
+	{Query: "Write a short poem about a cat who learns to fly."},
+	{Query: "Invent a name for a new color and describe it."},
+	{Query: "List five unusual uses for a paperclip."},
+	{Query: "Describe the taste of an imaginary fruit from another planet."},
+}
+
+func newBenchSpecCmd() *cobra.Command {
+	var (
+		bf        benchFlags
+		maxTokens int
+	)
+	cmd := &cobra.Command{
+		Use:   "spec",
+		Short: "Local speculative decoding against plain decoding on a RAG prompt set, with an ablation",
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := llamacpp.Load(bf.model, llamacpp.Options{Threads: bf.threads})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			p1, err := bf.loadPrompts(1)
+			if err != nil {
+				return err
+			}
+			p4, err := bf.loadPrompts(4)
+			if err != nil {
+				return err
+			}
+			res, err := specbench.Run(cmd.Context(), m, specbench.Options{
+				Threads: bf.threads, MaxTokens: maxTokens, Prompts1: p1, Prompts4: p4, Hard: hardPrompts,
+			})
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), res)
+		},
+	}
+	bf.register(cmd)
+	cmd.Flags().IntVar(&maxTokens, "max-tokens", 64, "tokens generated per prompt")
+	return cmd
+}

@@ -1,0 +1,217 @@
+// Package specbench measures local speculative decoding on the real model:
+// tokens per second against plain decoding over a RAG prompt set, with 1
+// and 4 passages, the acceptance figures, the cost model's error, the worst
+// case where drafts fail, and an ablation in the style of sd.npu's Tables
+// 3 and 4.
+package specbench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/promptset"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+// Result is the JSON printed by `dragon bench spec`.
+type Result struct {
+	Prompts        int      `json:"prompts"`
+	Threads        int      `json:"threads"`
+	MaxTokens      int      `json:"max_tokens"`
+	PlainTokS      float64  `json:"plain_tok_s"`
+	SpecTokS       float64  `json:"spec_tok_s"`
+	Speedup        float64  `json:"speedup"`
+	Speedup4       float64  `json:"speedup_4"`
+	AcceptanceRate float64  `json:"acceptance_rate"`
+	MeanAccepted   float64  `json:"mean_accepted"`
+	Identical      int      `json:"identical"`
+	Identical4     int      `json:"identical_4"`
+	CostModelMAPE  float64  `json:"cost_model_mape"`
+	WorstCaseRatio float64  `json:"worst_case_ratio"`
+	Ablation       []Row    `json:"ablation"`
+	Mismatches     []string `json:"mismatches,omitempty"`
+}
+
+// Row is one ablation configuration (1 passage).
+type Row struct {
+	Config       string  `json:"config"`
+	TokS         float64 `json:"tok_s"`
+	Speedup      float64 `json:"speedup"`
+	MeanAccepted float64 `json:"mean_accepted"`
+	Note         string  `json:"note,omitempty"`
+}
+
+// Options of a run.
+type Options struct {
+	Threads   int
+	MaxTokens int
+	Prompts1  []promptset.Prompt // 1 passage each
+	Prompts4  []promptset.Prompt // 4 passages each
+	// Hard are prompts where context drafts are expected to fail.
+	Hard []promptset.Prompt
+}
+
+type run struct {
+	tokens int
+	ms     float64
+	stats  spec.Stats
+	out    []engine.Token
+}
+
+func generate(ctx context.Context, d *decoder.Decoder, ps []promptset.Prompt, maxTokens int) ([]run, error) {
+	out := make([]run, 0, len(ps))
+	for _, p := range ps {
+		r, err := d.Generate(ctx, decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: maxTokens}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("specbench: %q: %w", p.Query, err)
+		}
+		out = append(out, run{tokens: len(r.Tokens), ms: r.DecodeMS, stats: r.Spec, out: r.Tokens})
+	}
+	return out, nil
+}
+
+// tokS is the aggregate decode throughput after the first token.
+func tokS(rs []run) float64 {
+	var n, ms float64
+	for _, r := range rs {
+		if r.tokens > 1 {
+			n += float64(r.tokens - 1)
+			ms += r.ms
+		}
+	}
+	if ms == 0 {
+		return 0
+	}
+	return n / (ms / 1000)
+}
+
+func sum(rs []run) spec.Stats {
+	var s spec.Stats
+	for _, r := range rs {
+		s.Steps += r.stats.Steps
+		s.Drafts += r.stats.Drafts
+		s.DraftedTokens += r.stats.DraftedTokens
+		s.AcceptedTokens += r.stats.AcceptedTokens
+		s.ReusedDrafts += r.stats.ReusedDrafts
+	}
+	return s
+}
+
+func identical(a, b []run) (int, []int) {
+	n := 0
+	var bad []int
+	for i := range a {
+		if slices.Equal(a[i].out, b[i].out) {
+			n++
+		} else {
+			bad = append(bad, i)
+		}
+	}
+	return n, bad
+}
+
+// Run measures.
+func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
+	newDec := func(o spec.Options, noCost bool) (*decoder.Decoder, error) {
+		return decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 1024, Threads: opts.Threads, Spec: o, NoCostModel: noCost})
+	}
+	full := spec.DefaultOptions()
+	full.TreeBudget = 1 // trees are not wired into the decoder yet
+
+	res := &Result{Prompts: len(opts.Prompts1), Threads: opts.Threads, MaxTokens: opts.MaxTokens}
+	plainDec, err := newDec(spec.Options{}, false)
+	if err != nil {
+		return nil, err
+	}
+	defer plainDec.Close()
+	specDec, err := newDec(full, false)
+	if err != nil {
+		return nil, err
+	}
+	defer specDec.Close()
+
+	plain1, err := generate(ctx, plainDec, opts.Prompts1, opts.MaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	spec1, err := generate(ctx, specDec, opts.Prompts1, opts.MaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	res.PlainTokS, res.SpecTokS = tokS(plain1), tokS(spec1)
+	res.Speedup = res.SpecTokS / res.PlainTokS
+	var bad []int
+	res.Identical, bad = identical(plain1, spec1)
+	for _, i := range bad {
+		res.Mismatches = append(res.Mismatches, fmt.Sprintf("1 passage, prompt %d: %q", i, opts.Prompts1[i].Query))
+	}
+	st := sum(spec1)
+	if st.DraftedTokens > 0 {
+		res.AcceptanceRate = float64(st.AcceptedTokens) / float64(st.DraftedTokens)
+	}
+	res.MeanAccepted = st.MeanAccepted()
+
+	plain4, err := generate(ctx, plainDec, opts.Prompts4, opts.MaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	spec4, err := generate(ctx, specDec, opts.Prompts4, opts.MaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	res.Speedup4 = tokS(spec4) / tokS(plain4)
+	res.Identical4, bad = identical(plain4, spec4)
+	for _, i := range bad {
+		res.Mismatches = append(res.Mismatches, fmt.Sprintf("4 passages, prompt %d: %q", i, opts.Prompts4[i].Query))
+	}
+	res.CostModelMAPE = specDec.CostLog().MAPE()
+
+	if len(opts.Hard) > 0 {
+		hp, err := generate(ctx, plainDec, opts.Hard, opts.MaxTokens)
+		if err != nil {
+			return nil, err
+		}
+		hs, err := generate(ctx, specDec, opts.Hard, opts.MaxTokens)
+		if err != nil {
+			return nil, err
+		}
+		res.WorstCaseRatio = tokS(hs) / tokS(hp)
+	}
+
+	// Ablation on the 1-passage set: each row adds one technique.
+	lookup := full
+	lookup.Calibration, lookup.Reuse = false, false
+	calib := lookup
+	calib.Calibration = true
+	reuse := calib
+	reuse.Reuse = true
+	rows := []struct {
+		name   string
+		o      spec.Options
+		noCost bool
+		note   string
+	}{
+		{"+lookup", lookup, true, "suffix-automaton drafts, every draft verified whole"},
+		{"+calibration", calib, true, ""},
+		{"+reuse", reuse, true, ""},
+		{"+tree", reuse, true, "token trees are built by spec but not yet decoded by the decoder: same as +reuse"},
+		{"+cost-model", reuse, false, "the cost model chooses whether and how far to draft"},
+	}
+	for _, r := range rows {
+		d, err := newDec(r.o, r.noCost)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := generate(ctx, d, opts.Prompts1, opts.MaxTokens)
+		d.Close()
+		if err != nil {
+			return nil, err
+		}
+		t := tokS(rs)
+		res.Ablation = append(res.Ablation, Row{Config: r.name, TokS: t, Speedup: t / res.PlainTokS, MeanAccepted: sum(rs).MeanAccepted(), Note: r.note})
+	}
+	return res, nil
+}
