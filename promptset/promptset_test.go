@@ -1,0 +1,76 @@
+package promptset
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func writeCorpus(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, c := range []string{"sotu", "mail"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, c), 0o755))
+		for i := range 6 {
+			body := strings.Repeat("Word number "+c+" goes here. ", 60)
+			if c == "mail" {
+				body = "Subject: hi\nFrom: a@b\n\n" + body
+			}
+			require.NoError(t, os.WriteFile(filepath.Join(dir, c, string(rune('a'+i))+".txt"), []byte(body), 0o644))
+		}
+	}
+	return dir
+}
+
+func TestBuiltInIsDeterministic(t *testing.T) {
+	dir := writeCorpus(t)
+	a, err := BuiltIn(dir, 6, 4)
+	require.NoError(t, err)
+	b, err := BuiltIn(dir, 6, 4)
+	require.NoError(t, err)
+	assert.Equal(t, a, b)
+	require.Len(t, a, 6)
+	for i, p := range a {
+		require.Len(t, p.Passages, 4)
+		assert.NotEmpty(t, p.Query)
+		assert.Greater(t, p.Passages[0].Score, p.Passages[3].Score, "first passage scores highest")
+		assert.NotContains(t, p.Passages[0].Text, "Subject:", "mail headers are dropped")
+		assert.Equal(t, []string{"sotu", "mail"}[i%2], p.Corpus)
+	}
+	_, err = BuiltIn(t.TempDir(), 2, 1)
+	require.ErrorContains(t, err, "make corpus")
+}
+
+func TestLoadJSONL(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.jsonl")
+	require.NoError(t, os.WriteFile(good, []byte(`{"prompt": "q1", "passages": ["a", "b"], "scores": [1, 2]}
+
+{"prompt": "q2", "search": "taxes"}
+`), 0o644))
+	ps, err := LoadJSONL(good)
+	require.NoError(t, err)
+	require.Len(t, ps, 2)
+	assert.Equal(t, 2.0, ps[0].Passages[1].Score)
+	assert.Equal(t, "taxes", ps[1].Search)
+
+	for name, body := range map[string]string{
+		"empty prompt":   `{"passages": ["a"]}`,
+		"score mismatch": `{"prompt": "q", "passages": ["a"], "scores": [1, 2]}`,
+		"not json":       `prompt: q`,
+		"no prompts":     "\n\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, strings.ReplaceAll(name, " ", "_"))
+			require.NoError(t, os.WriteFile(p, []byte(body), 0o644))
+			_, err := LoadJSONL(p)
+			require.Error(t, err)
+		})
+	}
+	_, err = LoadJSONL(filepath.Join(dir, "missing"))
+	require.Error(t, err)
+}
