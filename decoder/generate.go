@@ -244,8 +244,8 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 
 // Exploration of match-length buckets the cost model has no evidence for.
 const (
-	exploreAttempts = 4
-	exploreGamma    = 2
+	exploreAttempts = 3
+	exploreGamma    = 1
 )
 
 func sinceOr(t time.Time) float64 {

@@ -35,7 +35,8 @@ type Result struct {
 	Mismatches     []string `json:"mismatches,omitempty"`
 }
 
-// Row is one ablation configuration (1 passage).
+// Row is one ablation configuration (1 passage); Speedup is against plain
+// decoding run side by side with it.
 type Row struct {
 	Config       string  `json:"config"`
 	TokS         float64 `json:"tok_s"`
@@ -61,16 +62,30 @@ type run struct {
 	out    []engine.Token
 }
 
-func generate(ctx context.Context, d *decoder.Decoder, ps []promptset.Prompt, maxTokens int) ([]run, error) {
-	out := make([]run, 0, len(ps))
-	for _, p := range ps {
-		r, err := d.Generate(ctx, decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: maxTokens}, nil)
-		if err != nil {
-			return nil, fmt.Errorf("specbench: %q: %w", p.Query, err)
-		}
-		out = append(out, run{tokens: len(r.Tokens), ms: r.DecodeMS, stats: r.Spec, out: r.Tokens})
+func generateOne(ctx context.Context, d *decoder.Decoder, p promptset.Prompt, maxTokens int) (run, error) {
+	r, err := d.Generate(ctx, decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: maxTokens}, nil)
+	if err != nil {
+		return run{}, fmt.Errorf("specbench: %q: %w", p.Query, err)
 	}
-	return out, nil
+	return run{tokens: len(r.Tokens), ms: r.DecodeMS, stats: r.Spec, out: r.Tokens}, nil
+}
+
+// sideBySide runs each prompt on a then b, so that both see the same
+// machine state (these VMs drift by tens of percent over minutes).
+func sideBySide(ctx context.Context, a, b *decoder.Decoder, ps []promptset.Prompt, maxTokens int) ([]run, []run, error) {
+	var ra, rb []run
+	for _, p := range ps {
+		x, err := generateOne(ctx, a, p, maxTokens)
+		if err != nil {
+			return nil, nil, err
+		}
+		y, err := generateOne(ctx, b, p, maxTokens)
+		if err != nil {
+			return nil, nil, err
+		}
+		ra, rb = append(ra, x), append(rb, y)
+	}
+	return ra, rb, nil
 }
 
 // tokS is the aggregate decode throughput after the first token.
@@ -133,11 +148,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	}
 	defer specDec.Close()
 
-	plain1, err := generate(ctx, plainDec, opts.Prompts1, opts.MaxTokens)
-	if err != nil {
-		return nil, err
-	}
-	spec1, err := generate(ctx, specDec, opts.Prompts1, opts.MaxTokens)
+	plain1, spec1, err := sideBySide(ctx, plainDec, specDec, opts.Prompts1, opts.MaxTokens)
 	if err != nil {
 		return nil, err
 	}
@@ -154,11 +165,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	}
 	res.MeanAccepted = st.MeanAccepted()
 
-	plain4, err := generate(ctx, plainDec, opts.Prompts4, opts.MaxTokens)
-	if err != nil {
-		return nil, err
-	}
-	spec4, err := generate(ctx, specDec, opts.Prompts4, opts.MaxTokens)
+	plain4, spec4, err := sideBySide(ctx, plainDec, specDec, opts.Prompts4, opts.MaxTokens)
 	if err != nil {
 		return nil, err
 	}
@@ -170,11 +177,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	res.CostModelMAPE = specDec.CostLog().MAPE()
 
 	if len(opts.Hard) > 0 {
-		hp, err := generate(ctx, plainDec, opts.Hard, opts.MaxTokens)
-		if err != nil {
-			return nil, err
-		}
-		hs, err := generate(ctx, specDec, opts.Hard, opts.MaxTokens)
+		hp, hs, err := sideBySide(ctx, plainDec, specDec, opts.Hard, opts.MaxTokens)
 		if err != nil {
 			return nil, err
 		}
@@ -205,13 +208,13 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		rs, err := generate(ctx, d, opts.Prompts1, opts.MaxTokens)
+		ps, rs, err := sideBySide(ctx, plainDec, d, opts.Prompts1, opts.MaxTokens)
 		d.Close()
 		if err != nil {
 			return nil, err
 		}
 		t := tokS(rs)
-		res.Ablation = append(res.Ablation, Row{Config: r.name, TokS: t, Speedup: t / res.PlainTokS, MeanAccepted: sum(rs).MeanAccepted(), Note: r.note})
+		res.Ablation = append(res.Ablation, Row{Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(), Note: r.note})
 	}
 	return res, nil
 }
