@@ -290,8 +290,5 @@ func matchStop(text string, stops []string) int {
 	return at
 }
 
-// Stats returns the speculative decoding counters of the decoder so far.
-func (d *Decoder) Stats() spec.Stats { return d.stats }
-
 // CostLog is the cost model's predicted-vs-measured throughput log.
 func (d *Decoder) CostLog() *spec.PredictionLog { return &d.cost.Log }

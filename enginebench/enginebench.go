@@ -6,11 +6,11 @@ package enginebench
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/timing"
 )
 
 // Result is the JSON printed by `dragon bench engine`.
@@ -96,7 +96,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	next := prompt[:16]
 	pos := len(prompt)
 	for _, k := range VerifySizes {
-		ms, err := median(opts.Reps, func() (time.Duration, error) {
+		v, err := median(opts.Reps, func() (time.Duration, error) {
 			b.Reset()
 			for j := range k {
 				b.Add(next[j], pos+j, true, 0)
@@ -106,11 +106,11 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("verify %d: %w", k, err)
 		}
-		res.VerifyMS[strconv.Itoa(k)] = ms
+		res.VerifyMS[strconv.Itoa(k)] = v
 	}
 	res.DecodeMS = res.VerifyMS["1"]
 	for _, k := range MultiseqSizes {
-		ms, err := median(opts.Reps, func() (time.Duration, error) {
+		v, err := median(opts.Reps, func() (time.Duration, error) {
 			b.Reset()
 			for s := range k {
 				b.Add(next[s], pos, true, s)
@@ -127,7 +127,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("multiseq %d: %w", k, err)
 		}
-		res.MultiseqMS[strconv.Itoa(k)] = ms
+		res.MultiseqMS[strconv.Itoa(k)] = v
 	}
 	res.Verify16OverDecode = res.VerifyMS["16"] / res.DecodeMS
 	res.Multiseq8OverMulti1 = res.MultiseqMS["8"] / res.MultiseqMS["1"]
@@ -146,14 +146,14 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 				return nil, err
 			}
 			total := time.Since(start)
-			outs = append(outs, ms(total-opts.InsideDecode(c)))
-			totals = append(totals, ms(total))
+			outs = append(outs, timing.MS(total-opts.InsideDecode(c)))
+			totals = append(totals, timing.MS(total))
 			if err := c.Truncate(0, pos); err != nil {
 				return nil, err
 			}
 		}
-		res.DecodeOverheadMS = med(outs)
-		res.DecodeOverheadShare = med(outs) / med(totals)
+		res.DecodeOverheadMS = timing.Median(outs)
+		res.DecodeOverheadShare = timing.Median(outs) / timing.Median(totals)
 	}
 	return res, nil
 }
@@ -186,12 +186,10 @@ func median(reps int, f func() (time.Duration, error)) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		ts = append(ts, ms(d))
+		ts = append(ts, timing.MS(d))
 	}
-	return med(ts), nil
+	return timing.Median(ts), nil
 }
-
-func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
 // timed measures decode alone; undo (rollback to the measured state) is not
 // counted.
@@ -202,13 +200,4 @@ func timed(ctx context.Context, c engine.Context, b *engine.Batch, undo func() e
 	}
 	d := time.Since(start)
 	return d, undo()
-}
-
-func med(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

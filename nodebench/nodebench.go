@@ -15,6 +15,7 @@ import (
 
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/timing"
 	"github.com/dragon-rag/dragon/retrieval"
 )
 
@@ -77,10 +78,10 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nodebench: search %q: %w", q, err)
 		}
-		retr = append(retr, ms(time.Since(start)))
+		retr = append(retr, timing.MS(time.Since(start)))
 		hits[i] = Passages(h)
 	}
-	res.RetrievalMS = median(retr)
+	res.RetrievalMS = timing.Median(retr)
 
 	out, err := decoder.New(m, decoder.Options{MaxPassages: maxP, CtxPerSeq: 512, Threads: opts.Threads})
 	if err != nil {
@@ -100,13 +101,13 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		if err := out.Begin(ctx, q, ps, nil); err != nil {
 			return nil, err
 		}
-		prefill = append(prefill, ms(time.Since(start)))
+		prefill = append(prefill, timing.MS(time.Since(start)))
 		if _, err := out.Next(ctx); err != nil { // the first token's distribution
 			return nil, err
 		}
-		ttft = append(ttft, retr[i]+ms(time.Since(start)))
+		ttft = append(ttft, retr[i]+timing.MS(time.Since(start)))
 	}
-	res.PrefillMS, res.TTFTMS = median(prefill), median(ttft)
+	res.PrefillMS, res.TTFTMS = timing.Median(prefill), timing.Median(ttft)
 	res.RetrievalShare = res.RetrievalMS / res.TTFTMS
 
 	for _, n := range PassageCounts {
@@ -125,7 +126,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 					per = append(per, r.DecodeMS/float64(len(r.Tokens)-1))
 				}
 			}
-			c.dst[strconv.Itoa(n)] = median(per)
+			c.dst[strconv.Itoa(n)] = timing.Median(per)
 		}
 	}
 	res.Decode8Over1 = res.DecodeMS["8"] / res.DecodeMS["1"]
@@ -220,18 +221,4 @@ func Passages(hits []retrieval.Hit) []decoder.Passage {
 		out[i] = decoder.Passage{Text: h.Passage.Text, Score: h.Score, Source: h.Passage.Source}
 	}
 	return out
-}
-
-func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
