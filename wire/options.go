@@ -32,6 +32,9 @@ const (
 	// DefaultMaxMessageBytes fits a full-vocabulary distribution of a
 	// 152k-token model at top-p 1 (about 1 MiB) with room to spare.
 	DefaultMaxMessageBytes = 4 << 20
+	// DefaultCallTimeout bounds unary calls (health, stats) without a
+	// deadline of their own.
+	DefaultCallTimeout = 10 * time.Second
 )
 
 // Config is what both daemons need to build their gRPC options. The zero
@@ -63,6 +66,11 @@ type Config struct {
 	// MaxMessageBytes caps one message each way (default
 	// DefaultMaxMessageBytes).
 	MaxMessageBytes int
+	// CallTimeout (client) is the deadline given to unary calls that carry
+	// none (default DefaultCallTimeout; negative: none). Streams are left
+	// alone: a peer session lives as long as its generation, and keepalive
+	// is what detects a dead peer there.
+	CallTimeout time.Duration
 
 	// Logger receives refused calls (default slog.Default()).
 	Logger *slog.Logger
@@ -101,6 +109,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = DefaultCallTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -176,6 +187,9 @@ func (c Config) DialOptions() ([]grpc.DialOption, error) {
 			grpc.MaxCallRecvMsgSize(c.MaxMessageBytes),
 			grpc.MaxCallSendMsgSize(c.MaxMessageBytes),
 		),
+	}
+	if c.CallTimeout > 0 {
+		opts = append(opts, grpc.WithChainUnaryInterceptor(deadline(c.CallTimeout)))
 	}
 	if c.Token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(BearerToken{Token: c.Token, AllowInsecure: c.Insecure}))
@@ -313,4 +327,16 @@ func (a *authenticator) verify(ctx context.Context) error {
 		return status.Error(codes.Unauthenticated, "invalid bearer token: it does not match the server's --token")
 	}
 	return nil
+}
+
+// deadline gives unary calls without a deadline one of d.
+func deadline(d time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if _, ok := ctx.Deadline(); !ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
 }
