@@ -16,6 +16,10 @@ var hardPrompts = []promptset.Prompt{
 	{Query: "Invent a name for a new color and describe it."},
 	{Query: "List five unusual uses for a paperclip."},
 	{Query: "Describe the taste of an imaginary fruit from another planet."},
+	{Query: "Tell a two-sentence story about a lighthouse keeper and a whale."},
+	{Query: "Give three tips for learning to juggle."},
+	{Query: "Write a haiku about autumn rain."},
+	{Query: "Explain why the sky looks blue, in simple words."},
 }
 
 func newBenchSpecCmd() *cobra.Command {
