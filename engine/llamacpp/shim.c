@@ -33,7 +33,6 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
     p.kv_unified = unified != 0;
-
     p.no_perf = true;
 
     dragon_ctx *c = calloc(1, sizeof(*c));
