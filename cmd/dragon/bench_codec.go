@@ -32,7 +32,7 @@ func (b *benchFlags) register(cmd *cobra.Command) {
 	f.StringVar(&b.cloudIndex, "cloud-corpus", "data/index/cloud", "index folder of the public corpus (make index)")
 	f.StringVar(&b.deviceIx, "device-corpus", "data/index/device", "index folder of the private corpus (make index)")
 	f.IntVar(&b.n, "n", 20, "prompts of the built-in set")
-	f.BoolVar(&b.asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&b.asJSON, "json", false, "print one JSON object (node and spec always do)")
 }
 
 // loadPrompts is the user's set or the built-in one with passages per prompt.
