@@ -12,6 +12,7 @@ import (
 
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/timing"
 	"github.com/dragon-rag/dragon/promptset"
 	"github.com/dragon-rag/dragon/spec"
 )
@@ -42,7 +43,10 @@ type Row struct {
 	TokS         float64 `json:"tok_s"`
 	Speedup      float64 `json:"speedup"`
 	MeanAccepted float64 `json:"mean_accepted"`
-	Note         string  `json:"note,omitempty"`
+	// PrefillMS is the median prefill: calibration asks llama.cpp for the
+	// logits of every prompt row, which this shows the cost of.
+	PrefillMS float64 `json:"prefill_ms"`
+	Note      string  `json:"note,omitempty"`
 }
 
 // Options of a run.
@@ -56,8 +60,9 @@ type Options struct {
 }
 
 type run struct {
-	tokens int
-	ms     float64
+	tokens    int
+	ms        float64
+	prefillMS float64
 	stats  spec.Stats
 	out    []engine.Token
 }
@@ -67,7 +72,7 @@ func generateOne(ctx context.Context, d *decoder.Decoder, p promptset.Prompt, ma
 	if err != nil {
 		return run{}, fmt.Errorf("specbench: %q: %w", p.Query, err)
 	}
-	return run{tokens: len(r.Tokens), ms: r.DecodeMS, stats: r.Spec, out: r.Tokens}, nil
+	return run{tokens: len(r.Tokens), ms: r.DecodeMS, prefillMS: r.PrefillMS, stats: r.Spec, out: r.Tokens}, nil
 }
 
 // sideBySide runs each prompt on a then b, so that both see the same
@@ -214,7 +219,18 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 			return nil, err
 		}
 		t := tokS(rs)
-		res.Ablation = append(res.Ablation, Row{Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(), Note: r.note})
+		res.Ablation = append(res.Ablation, Row{
+			Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(),
+			PrefillMS: medianPrefill(rs), Note: r.note,
+		})
 	}
 	return res, nil
+}
+
+func medianPrefill(rs []run) float64 {
+	v := make([]float64, len(rs))
+	for i, r := range rs {
+		v[i] = r.prefillMS
+	}
+	return timing.Median(v)
 }
