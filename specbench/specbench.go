@@ -63,8 +63,8 @@ type run struct {
 	tokens    int
 	ms        float64
 	prefillMS float64
-	stats  spec.Stats
-	out    []engine.Token
+	stats     spec.Stats
+	out       []engine.Token
 }
 
 func generateOne(ctx context.Context, d *decoder.Decoder, p promptset.Prompt, maxTokens int) (run, error) {
