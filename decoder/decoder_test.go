@@ -285,3 +285,22 @@ func TestAbortLeavesDecoderUsable(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDeltaSlice(t, before, got, 1e-6)
 }
+
+func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
+	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1}
+	for _, o := range []spec.Options{{}, spec.DefaultOptions()} {
+		_, d := newFakeWith(t, copier, Options{Spec: o})
+		req := Request{Query: "q", Passages: threePassages, MaxTokens: 40,
+			Sampling: sampling.Params{Temperature: 0.8, TopP: 0.9, RepeatPenalty: 1.1, Seed: 11}}
+		a, err := d.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		b, err := d.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		assert.Equal(t, a.Tokens, b.Tokens, "spec %v", o.Enabled)
+		require.NotEmpty(t, a.Tokens)
+		req.Sampling.Seed = 12
+		c, err := d.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		assert.NotEqual(t, a.Tokens, c.Tokens, "another seed, another answer")
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,13 +129,11 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		return false, len(toks), nil
 	}
 	greedyPlain := req.Sampling.Greedy() && (req.Sampling.RepeatPenalty == 0 || req.Sampling.RepeatPenalty == 1)
-	// target turns a mixture into the distribution the token is drawn from.
+	// target turns a mixture into the distribution a token is drawn from
+	// (not used for plain greedy decoding, which takes the argmax).
+	var scores []float32
 	target := func(mix []float32) []float32 {
-		if greedyPlain {
-			probs = append(probs[:0], mix...)
-			return probs
-		}
-		scores := make([]float32, len(mix))
+		scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
 		for i, p := range mix {
 			scores[i] = float32(math.Log(float64(p)))
 		}

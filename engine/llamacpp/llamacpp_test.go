@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -270,16 +271,7 @@ func TestChatTemplateIsChatML(t *testing.T) {
 	assert.Equal(t, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", p)
 	toks, err := m.Tokenize(p, false, true)
 	require.NoError(t, err)
-	assert.True(t, slicesContainsEOG(m, toks), "<|im_end|> is parsed as a control token that ends generation")
-}
-
-func slicesContainsEOG(m *Model, toks []engine.Token) bool {
-	for _, t := range toks {
-		if m.IsEOG(t) {
-			return true
-		}
-	}
-	return false
+	assert.True(t, slices.ContainsFunc(toks, m.IsEOG), "<|im_end|> is parsed as a control token that ends generation")
 }
 
 func TestTokenizeDetokenizeRoundTrip(t *testing.T) {
