@@ -286,21 +286,27 @@ func TestAbortLeavesDecoderUsable(t *testing.T) {
 	assert.InDeltaSlice(t, before, got, 1e-6)
 }
 
+// TestSampledGenerationIsDeterministicUnderASeed: a seed fixes the answer,
+// and speculative sampling, which decides each position with that
+// position's own uniform, emits exactly what plain sampling does.
 func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
-	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1}
-	for _, o := range []spec.Options{{}, spec.DefaultOptions()} {
-		_, d := newFakeWith(t, copier, Options{Spec: o})
-		req := Request{Query: "q", Passages: threePassages, MaxTokens: 40,
-			Sampling: sampling.Params{Temperature: 0.8, TopP: 0.9, RepeatPenalty: 1.1, Seed: 11}}
-		a, err := d.Generate(context.Background(), req, nil)
-		require.NoError(t, err)
-		b, err := d.Generate(context.Background(), req, nil)
-		require.NoError(t, err)
-		assert.Equal(t, a.Tokens, b.Tokens, "spec %v", o.Enabled)
-		require.NotEmpty(t, a.Tokens)
-		req.Sampling.Seed = 12
-		c, err := d.Generate(context.Background(), req, nil)
-		require.NoError(t, err)
-		assert.NotEqual(t, a.Tokens, c.Tokens, "another seed, another answer")
-	}
+	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, CallLatency: time.Millisecond, Latency: 50 * time.Microsecond}
+	req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk", Passages: threePassages, MaxTokens: 60,
+		Sampling: sampling.Params{Temperature: 0.7, TopP: 0.95, RepeatPenalty: 1.05, Seed: 11}}
+	_, plain := newFakeWith(t, copier, Options{})
+	_, fast := newFakeWith(t, copier, Options{Spec: spec.DefaultOptions()})
+	a, err := plain.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, a.Tokens)
+	b, err := plain.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	assert.Equal(t, a.Tokens, b.Tokens, "same seed, same answer")
+	c, err := fast.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	assert.Equal(t, a.Tokens, c.Tokens, "speculative sampling emits plain sampling's answer")
+	assert.Positive(t, c.Spec.AcceptedTokens, "drafts were accepted")
+	req.Sampling.Seed = 12
+	e, err := plain.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	assert.NotEqual(t, a.Tokens, e.Tokens, "another seed, another answer")
 }

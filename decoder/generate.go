@@ -84,7 +84,6 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	d.cost.Seqs = len(d.prompts)
 	res.PrefillMS = since(start)
 
-	rng := req.Sampling.NewRand()
 	detok := engine.NewDetokenizer(d.model)
 	var text strings.Builder
 	var probs []float32
@@ -129,16 +128,22 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		return false, len(toks), nil
 	}
 	greedyPlain := req.Sampling.Greedy() && (req.Sampling.RepeatPenalty == 0 || req.Sampling.RepeatPenalty == 1)
-	// target turns a mixture into the distribution a token is drawn from
-	// (not used for plain greedy decoding, which takes the argmax).
+	// choose decides the token at answer position pos from the mixture
+	// there, given the tokens before it: the argmax, or the inverse-CDF
+	// sample of the processed distribution at the position's own uniform
+	// (sampling.Params.Uniform). Plain and speculative decoding both decide
+	// every position this way, so they emit the same answer for a seed.
 	var scores []float32
-	target := func(mix []float32) []float32 {
+	choose := func(mix []float32, pos int, history []engine.Token) engine.Token {
+		if greedyPlain {
+			return engine.Token(sampling.Argmax(mix))
+		}
 		scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
 		for i, p := range mix {
 			scores[i] = float32(math.Log(float64(p)))
 		}
-		probs = req.Sampling.Dist(scores, d.gen, probs)
-		return probs
+		probs = req.Sampling.Dist(scores, history, probs)
+		return sampling.DrawU(probs, req.Sampling.Uniform(pos))
 	}
 	room := func() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
 
@@ -167,12 +172,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			if err != nil {
 				return res, err
 			}
-			var tok engine.Token
-			if greedyPlain {
-				tok = engine.Token(sampling.Argmax(mix))
-			} else {
-				tok = sampling.Draw(target(mix), rng)
-			}
+			tok := choose(mix, len(d.gen), d.gen)
 			if specOn {
 				d.cost.Observe(plan, spec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
 			}
@@ -197,21 +197,21 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			return res, err
 		}
 		verifyMS := since(stepStart)
-		argmax := make([]engine.Token, len(rows))
-		var v spec.Verdict
-		if greedyPlain {
-			for i, r := range rows {
-				argmax[i] = engine.Token(sampling.Argmax(r))
+		// The target's own choice at each row; a draft token is accepted
+		// while it equals that choice. Greedy: the argmax. Sampling: the
+		// sample at the position's uniform, which accepts draft x with
+		// probability p(x) and otherwise emits a token distributed as p
+		// without x, renormalized: lossless speculative sampling for a
+		// deterministic draft, coupled to plain sampling's randomness.
+		chosen := make([]engine.Token, len(rows))
+		hist := d.gen
+		for i, r := range rows {
+			chosen[i] = choose(r, len(d.gen)+i, hist)
+			if i < len(toks) {
+				hist = append(hist[:len(hist):len(hist)], toks[i])
 			}
-			v, err = spec.VerifyGreedy(toks, argmax)
-		} else {
-			dists := make([][]float32, len(rows))
-			for i, r := range rows {
-				dists[i] = append([]float32(nil), target(r)...)
-				argmax[i] = engine.Token(sampling.Argmax(dists[i]))
-			}
-			v, err = spec.VerifySample(toks, dists, rng)
 		}
+		v, err := spec.VerifyGreedy(toks, chosen)
 		if err != nil {
 			return res, err
 		}
@@ -219,7 +219,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			return res, err
 		}
 		res.Steps++
-		d.drafter.Verified(toks, argmax)
+		d.drafter.Verified(toks, chosen)
 		if err := d.drafter.Append(v.Emit...); err != nil {
 			return res, err
 		}

@@ -160,8 +160,11 @@ func Argmax(v []float32) int {
 }
 
 // Draw samples an index from a distribution (non-negative, summing to ~1).
-func Draw(probs []float32, r *rand.Rand) int32 {
-	u := r.Float64()
+func Draw(probs []float32, r *rand.Rand) int32 { return DrawU(probs, r.Float64()) }
+
+// DrawU is the inverse-CDF sample of probs at u ∈ [0, 1): the first index
+// whose cumulative mass exceeds u.
+func DrawU(probs []float32, u float64) int32 {
 	var cum float64
 	last := -1
 	for i, p := range probs {
@@ -178,4 +181,20 @@ func Draw(probs []float32, r *rand.Rand) int32 {
 		return 0
 	}
 	return int32(last) // rounding left u above the total
+}
+
+// Uniform is the uniform number in [0, 1) that decides the token at
+// position pos of an answer under p.Seed. Tying the randomness to the
+// position, not to a stream, makes an answer reproducible however it was
+// computed: speculative decoding that accepts a draft token exactly when it
+// equals DrawU(p_t, Uniform(t)) emits the very tokens plain sampling does.
+func (p Params) Uniform(pos int) float64 {
+	x := p.Seed ^ (uint64(pos)+1)*0x9e3779b97f4a7c15
+	// splitmix64 finalizer
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return float64(x>>11) / (1 << 53)
 }

@@ -94,3 +94,23 @@ func TestSeedIsDeterministic(t *testing.T) {
 		assert.Equal(t, a.Uint64(), b.Uint64())
 	}
 }
+
+func TestUniformPerPosition(t *testing.T) {
+	p := Params{Seed: 3}
+	seen := map[float64]bool{}
+	var sum float64
+	const n = 20000
+	for pos := range n {
+		u := p.Uniform(pos)
+		require.GreaterOrEqual(t, u, 0.0)
+		require.Less(t, u, 1.0)
+		assert.Equal(t, u, p.Uniform(pos), "deterministic")
+		seen[u] = true
+		sum += u
+	}
+	assert.Len(t, seen, n, "positions get distinct numbers")
+	assert.InDelta(t, 0.5, sum/n, 0.01)
+	assert.NotEqual(t, p.Uniform(0), Params{Seed: 4}.Uniform(0))
+	assert.Equal(t, int32(2), DrawU([]float32{0.1, 0, 0.6, 0.3}, 0.65))
+	assert.Equal(t, int32(0), DrawU([]float32{0.1, 0, 0.6, 0.3}, 0.05))
+}
