@@ -89,12 +89,12 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	var probs []float32
 	decodeStart := time.Time{}
 	// decide appends tokens decided by a step; it reports whether the
-	// generation is over and how many of toks it took.
-	decide := func(toks []engine.Token) (bool, int, error) {
-		for i, t := range toks {
+	// generation is over.
+	decide := func(toks []engine.Token) (bool, error) {
+		for _, t := range toks {
 			if d.model.IsEOG(t) {
 				res.Stopped = "eog"
-				return true, i, nil
+				return true, nil
 			}
 			piece := detok.Add(t)
 			text.WriteString(piece)
@@ -105,7 +105,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			}
 			if emit != nil {
 				if err := emit(t, piece); err != nil {
-					return true, i + 1, err
+					return true, err
 				}
 			}
 			if stop := matchStop(text.String(), req.Stop); stop >= 0 {
@@ -113,19 +113,20 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 				full := text.String()
 				text.Reset()
 				text.WriteString(full[:stop])
-				return true, i + 1, nil
+				detok.Flush() // held-back bytes come after the stop string
+				return true, nil
 			}
 			if len(res.Tokens) >= req.MaxTokens {
 				res.Stopped = "max_tokens"
-				return true, i + 1, nil
+				return true, nil
 			}
 			if d.opts.RescoreEvery > 0 && len(res.Tokens)%d.opts.RescoreEvery == 0 {
 				if err := d.rescore(ctx, text.String()); err != nil {
-					return true, i + 1, err
+					return true, err
 				}
 			}
 		}
-		return false, len(toks), nil
+		return false, nil
 	}
 	greedyPlain := req.Sampling.Greedy() && (req.Sampling.RepeatPenalty == 0 || req.Sampling.RepeatPenalty == 1)
 	// choose decides the token at answer position pos from the mixture
@@ -183,7 +184,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 					return res, err
 				}
 			}
-			done, _, err := decide([]engine.Token{tok})
+			done, err := decide([]engine.Token{tok})
 			if err != nil || done {
 				res.Text = text.String() + detok.Flush()
 				res.DecodeMS = sinceOr(decodeStart)
@@ -229,7 +230,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		})
 		d.stats.Record(len(toks), v.Accepted, draft.MatchLen == spec.MatchReuse)
 		res.Spec = d.stats
-		done, _, err := decide(v.Emit)
+		done, err := decide(v.Emit)
 		if err != nil || done {
 			res.Text = text.String() + detok.Flush()
 			res.DecodeMS = sinceOr(decodeStart)
