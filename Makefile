@@ -16,7 +16,7 @@ OLLAMA := github.com/ollama/ollama@v0.17.4
 # miniaudio.h is missing from the module zip, and without -march ggml builds
 # with no SIMD at all.
 export CGO_ENABLED := 1
-export CGO_CPPFLAGS := -I$(BUILD)/include
+export CGO_CPPFLAGS := -I$(BUILD)/include -DGGML_USE_CPU_REPACK
 export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/vecmath"
 	"github.com/dragon-rag/dragon/spec"
 )
 
@@ -122,10 +123,9 @@ type Decoder struct {
 	next      []float32 // p^s at position len(gen), valid when nextValid
 	nextValid bool
 
-	batch   engine.Batch
-	logits  []float32
-	scratch []float32
-	mixes   [][]float32
+	batch  engine.Batch
+	logits []float32
+	mixes  [][]float32
 
 	drafter *spec.Drafter
 	acc     *spec.Acceptance
@@ -149,7 +149,6 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	}
 	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize()}
 	d.logits = make([]float32, d.vocab)
-	d.scratch = make([]float32, d.vocab)
 	d.next = make([]float32, d.vocab)
 	d.acc = spec.NewAcceptance(0.5)
 	table := opts.VerifyTable
@@ -414,7 +413,9 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 			if err != nil {
 				return err
 			}
-			softmaxMix(d.mixes[w.out], logits, d.scratch, d.w[w.seq])
+			if _, err := vecmath.SoftmaxMix(d.mixes[w.out], logits, d.w[w.seq]); err != nil {
+				return fmt.Errorf("decoder: passage %d: %w", w.seq, err)
+			}
 		}
 		d.batch.Reset()
 		wants = wants[:0]

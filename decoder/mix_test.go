@@ -2,48 +2,37 @@ package decoder
 
 import (
 	"math"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 )
 
-func TestExpfAccuracy(t *testing.T) {
-	for x := float32(-87); x <= 0; x += 0.001 {
-		want := math.Exp(float64(x))
-		got := float64(expf(x))
-		// float32 rounding of x·log2(e) bounds the error near -87.
-		assert.InDelta(t, 0, (got-want)/want, 1e-5, "x=%v", x)
+func TestWeightsAreSoftmaxAndLogSumExp(t *testing.T) {
+	tests := []struct {
+		name   string
+		scores []float64
+		want   []float64
+		lse    float64
+	}{
+		{"one passage", []float64{3}, []float64{1}, 3},
+		{"equal", []float64{0, 0}, []float64{0.5, 0.5}, math.Ln2},
+		{"large scores do not overflow", []float64{1000, 1000 + math.Ln2}, []float64{1.0 / 3, 2.0 / 3}, 1000 + math.Log(3)},
+		{"masked passage", []float64{math.Inf(-1), 1}, []float64{0, 1}, 1},
 	}
-	assert.Equal(t, float32(0), expf(-100))
-	assert.Equal(t, float32(1), expf(0))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, lse := weights(tt.scores)
+			assert.InDelta(t, tt.lse, lse, 1e-9)
+			assert.InDeltaSlice(t, tt.want, toF64(w), 1e-6)
+		})
+	}
+	assert.True(t, math.IsInf(logSumExp(nil), -1))
 }
 
-func TestSoftmaxMixIsAWeightedDistribution(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	logits := make([]float32, 1000)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64() * 5)
+func toF64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
 	}
-	acc := make([]float32, len(logits))
-	logZ := softmaxMix(acc, logits, make([]float32, len(logits)), 0.25)
-	var sum float64
-	for i, p := range acc {
-		sum += float64(p)
-		want := 0.25 * math.Exp(float64(logits[i])-logZ)
-		assert.InDelta(t, want, float64(p), 1e-9+1e-5*want)
-	}
-	assert.InDelta(t, 0.25, sum, 1e-5)
-}
-
-func BenchmarkSoftmaxMix(b *testing.B) {
-	logits := make([]float32, 49152)
-	for i := range logits {
-		logits[i] = float32(i%97) / 7
-	}
-	acc := make([]float32, len(logits))
-	scratch := make([]float32, len(logits))
-	for b.Loop() {
-		softmaxMix(acc, logits, scratch, 0.5)
-	}
+	return out
 }

@@ -15,10 +15,11 @@ import (
 
 // Weight types Quantize can produce.
 var ftypes = map[string]C.enum_llama_ftype{
-	"f16":  C.LLAMA_FTYPE_MOSTLY_F16,
-	"q8_0": C.LLAMA_FTYPE_MOSTLY_Q8_0,
-	"q4_0": C.LLAMA_FTYPE_MOSTLY_Q4_0,
-	"q5_0": C.LLAMA_FTYPE_MOSTLY_Q5_0,
+	"f16":    C.LLAMA_FTYPE_MOSTLY_F16,
+	"q8_0":   C.LLAMA_FTYPE_MOSTLY_Q8_0,
+	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
+	"q5_0":   C.LLAMA_FTYPE_MOSTLY_Q5_0,
+	"iq4_nl": C.LLAMA_FTYPE_MOSTLY_IQ4_NL,
 }
 
 // Quantize rewrites the model at in with weights of type ftype ("q8_0",
@@ -28,7 +29,7 @@ var ftypes = map[string]C.enum_llama_ftype{
 func Quantize(in, out, ftype string, threads int) error {
 	ft, ok := ftypes[ftype]
 	if !ok {
-		return fmt.Errorf("%w: unknown weight type %q (want q8_0, q4_0, q5_0 or f16)", engine.ErrInvalidInput, ftype)
+		return fmt.Errorf("%w: unknown weight type %q (want q8_0, q4_0, iq4_nl, q5_0 or f16)", engine.ErrInvalidInput, ftype)
 	}
 	if err := checkGGUF(in); err != nil {
 		return err

@@ -1,0 +1,11 @@
+#ifndef DRAGON_VECMATH_H
+#define DRAGON_VECMATH_H
+
+#include <stddef.h>
+
+// Adds w·softmax(logits[0:n]) into acc[0:n] and returns log Σ exp(logits),
+// or NaN, leaving acc untouched, when the logits hold a NaN or +Inf or are
+// all -Inf.
+double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w);
+
+#endif
