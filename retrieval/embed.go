@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/dragon-rag/dragon/engine"
@@ -30,35 +31,59 @@ func embedderID(e Embedder) string {
 	return fmt.Sprintf("%T", e)
 }
 
+// Pooling turns a text's per-token hidden states into one vector.
+type Pooling int
+
+const (
+	// PoolPrompt wraps the text in a prompt that asks for its meaning in
+	// one word and takes the hidden state of the prompt's last token: the
+	// model has to squeeze the text's meaning into the state from which it
+	// would predict that word (PromptEOL, Jiang et al. 2023). On SmolLM2
+	// it ranks paraphrases with no word in common first where mean pooling
+	// misses a third of them (retrieval/real_test.go).
+	PoolPrompt Pooling = iota
+	// PoolMean averages the hidden states of the text's tokens.
+	PoolMean
+)
+
+// The prompt of PoolPrompt, around the text.
+const (
+	promptHead = `This passage : "`
+	promptTail = `" means in one word:"`
+)
+
 // EngineEmbedderOptions configure an EngineEmbedder.
 type EngineEmbedderOptions struct {
-	// MaxTokens truncates each text (default 512); it is also the most
-	// tokens one forward pass carries.
+	// Pooling of the hidden states (default PoolPrompt).
+	Pooling Pooling
+	// MaxTokens truncates each text, prompt included (default 512); it is
+	// also the most tokens one forward pass carries.
 	MaxTokens int
 	// MaxSeqs is how many texts share one forward pass (default 8).
 	MaxSeqs int
 	// Threads for the engine context (0: backend default).
 	Threads int
-	// KeepFirst includes the first position in the mean. It is left out by
-	// default: decoder-only models park a large, input-independent
+	// KeepFirst includes the first position in PoolMean's mean. It is left
+	// out by default: decoder-only models park a large, input-independent
 	// activation on the first token (the "attention sink"), which would
 	// pull every mean towards the same direction and crush the cosines
 	// together.
 	KeepFirst bool
 }
 
-// EngineEmbedder embeds texts with the generation model itself: the mean of
-// its per-token hidden states, L2-normalized. Using the same model on both
+// EngineEmbedder embeds texts with the generation model itself: its hidden
+// states, pooled (Pooling) and L2-normalized. Using the same model on both
 // sides makes cosines comparable across device and cloud. It is safe for
 // concurrent use; calls are serialized on one engine context.
 type EngineEmbedder struct {
 	model engine.Model
 	opts  EngineEmbedderOptions
 
-	mu    sync.Mutex
-	ectx  engine.Context
-	batch engine.Batch
-	row   []float32
+	mu         sync.Mutex
+	ectx       engine.Context
+	batch      engine.Batch
+	row        []float32
+	head, tail []engine.Token // PoolPrompt's prompt, tokenized on first use
 }
 
 // NewEngineEmbedder returns an embedder over m. The engine context is
@@ -77,9 +102,12 @@ func NewEngineEmbedder(m engine.Model, opts EngineEmbedderOptions) *EngineEmbedd
 // another model (even one sharing the vocabulary) is refused.
 func (e *EngineEmbedder) Fingerprint() string {
 	info := e.model.Info()
-	pool := "mean-skip-first"
-	if e.opts.KeepFirst {
-		pool = "mean"
+	pool := "prompt-last:" + promptHead + "%s" + promptTail
+	if e.opts.Pooling == PoolMean {
+		pool = "mean-skip-first"
+		if e.opts.KeepFirst {
+			pool = "mean"
+		}
 	}
 	return fmt.Sprintf("engine-%s-l2/v1|%s|%s|dim=%d|%s", pool, info.Name, info.Arch, info.EmbedDim, info.Fingerprint)
 }
@@ -87,19 +115,16 @@ func (e *EngineEmbedder) Fingerprint() string {
 // Embed implements Embedder. Texts are packed several to a forward pass,
 // one KV sequence each.
 func (e *EngineEmbedder) Embed(ctx context.Context, texts []string) ([][]float32, error) {
-	toks := make([][]engine.Token, len(texts))
-	for i, t := range texts {
-		tt, err := e.model.Tokenize(t, true, false)
-		if err != nil {
-			return nil, fmt.Errorf("embed: tokenize text %d: %w", i, err)
-		}
-		if len(tt) == 0 {
-			return nil, fmt.Errorf("embed: text %d: %w: no tokens", i, engine.ErrInvalidInput)
-		}
-		toks[i] = tt[:min(len(tt), e.opts.MaxTokens)]
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	toks := make([][]engine.Token, len(texts))
+	for i, t := range texts {
+		tt, err := e.tokenize(t)
+		if err != nil {
+			return nil, fmt.Errorf("embed: text %d: %w", i, err)
+		}
+		toks[i] = tt
+	}
 	if e.ectx == nil {
 		c, err := e.model.NewContext(engine.ContextOptions{
 			CtxPerSeq:  e.opts.MaxTokens,
@@ -128,6 +153,46 @@ func (e *EngineEmbedder) Embed(ctx context.Context, texts []string) ([][]float32
 	return out, nil
 }
 
+// tokenize gives the tokens one text is embedded from: the text truncated
+// to MaxTokens, inside the prompt for PoolPrompt. Truncation cuts the text,
+// never the prompt's tail, whose last token is the one pooled.
+func (e *EngineEmbedder) tokenize(text string) ([]engine.Token, error) {
+	if e.opts.Pooling == PoolMean {
+		tt, err := e.model.Tokenize(text, true, false)
+		if err != nil {
+			return nil, fmt.Errorf("tokenize: %w", err)
+		}
+		if len(tt) == 0 {
+			return nil, fmt.Errorf("%w: no tokens", engine.ErrInvalidInput)
+		}
+		return tt[:min(len(tt), e.opts.MaxTokens)], nil
+	}
+	if e.head == nil {
+		head, err := e.model.Tokenize(promptHead, true, false)
+		if err != nil {
+			return nil, fmt.Errorf("tokenize prompt: %w", err)
+		}
+		tail, err := e.model.Tokenize(promptTail, false, false)
+		if err != nil {
+			return nil, fmt.Errorf("tokenize prompt: %w", err)
+		}
+		e.head, e.tail = head, tail
+	}
+	room := e.opts.MaxTokens - len(e.head) - len(e.tail)
+	if room < 1 {
+		return nil, fmt.Errorf("%w: MaxTokens %d leaves no room for text inside the %d-token prompt", engine.ErrInvalidInput, e.opts.MaxTokens, len(e.head)+len(e.tail))
+	}
+	body, err := e.model.Tokenize(text, false, false)
+	if err != nil {
+		return nil, fmt.Errorf("tokenize: %w", err)
+	}
+	if len(body) == 0 {
+		return nil, fmt.Errorf("%w: no tokens", engine.ErrInvalidInput)
+	}
+	body = body[:min(len(body), room)]
+	return slices.Concat(e.head, body, e.tail), nil
+}
+
 // embedPass decodes texts as sequences 0..len-1 of one batch and pools each.
 func (e *EngineEmbedder) embedPass(ctx context.Context, toks [][]engine.Token, out [][]float32) (err error) {
 	defer func() {
@@ -144,8 +209,9 @@ func (e *EngineEmbedder) embedPass(ctx context.Context, toks [][]engine.Token, o
 	}()
 	e.batch.Reset()
 	for s, tt := range toks {
+		from := e.pooledFrom(len(tt))
 		for p, t := range tt {
-			e.batch.Add(t, p, true, s)
+			e.batch.Add(t, p, p >= from, s)
 		}
 	}
 	if err := e.ectx.Decode(ctx, &e.batch); err != nil {
@@ -154,10 +220,7 @@ func (e *EngineEmbedder) embedPass(ctx context.Context, toks [][]engine.Token, o
 	row := 0
 	for s, tt := range toks {
 		var sum []float64
-		from := 1
-		if e.opts.KeepFirst || len(tt) == 1 {
-			from = 0
-		}
+		from := e.pooledFrom(len(tt))
 		for p := range tt {
 			if p < from {
 				row++
@@ -182,6 +245,19 @@ func (e *EngineEmbedder) embedPass(ctx context.Context, toks [][]engine.Token, o
 		out[s] = v
 	}
 	return nil
+}
+
+// pooledFrom is the first position of an n-token text that is pooled; the
+// positions from there to the end are averaged.
+func (e *EngineEmbedder) pooledFrom(n int) int {
+	switch {
+	case e.opts.Pooling == PoolPrompt:
+		return n - 1
+	case e.opts.KeepFirst || n == 1:
+		return 0
+	default:
+		return 1
+	}
 }
 
 // normalize scales v to unit length (the mean's 1/n cancels out).

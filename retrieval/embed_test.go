@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,12 +14,10 @@ import (
 	"github.com/dragon-rag/dragon/engine"
 )
 
-// manualEmbedding decodes text alone and mean-pools rows from..n-1: the
+// manualEmbedding decodes toks alone and mean-pools rows from..n-1: the
 // definition EngineEmbedder must match however it packs its batches.
-func manualEmbedding(t *testing.T, m engine.Model, text string, from int) []float32 {
+func manualEmbedding(t *testing.T, m engine.Model, toks []engine.Token, from int) []float32 {
 	t.Helper()
-	toks, err := m.Tokenize(text, true, false)
-	require.NoError(t, err)
 	c, err := m.NewContext(engine.ContextOptions{CtxPerSeq: len(toks), MaxSeqs: 1, Embeddings: true})
 	require.NoError(t, err)
 	defer c.Close()
@@ -43,19 +42,36 @@ func manualEmbedding(t *testing.T, m engine.Model, text string, from int) []floa
 	return out
 }
 
-func TestEngineEmbedderMeanPoolsAndNormalizes(t *testing.T) {
+func tokens(t *testing.T, m engine.Model, text string, special bool) []engine.Token {
+	t.Helper()
+	toks, err := m.Tokenize(text, special, false)
+	require.NoError(t, err)
+	return toks
+}
+
+func TestEngineEmbedderPoolsAndNormalizes(t *testing.T) {
 	m := fakeModel()
 	texts := make([]string, 21) // more texts than MaxSeqs, and varied lengths
 	for i := range texts {
 		texts[i] = fmt.Sprintf("passage %d: %s", i, strings.Repeat("lorem ipsum ", i%5+1))
 	}
+	// The definitions, one text at a time.
+	prompt := func(text string) []float32 {
+		toks := slices.Concat(tokens(t, m, promptHead, true), tokens(t, m, text, false), tokens(t, m, promptTail, false))
+		return manualEmbedding(t, m, toks, len(toks)-1)
+	}
+	mean := func(from int) func(string) []float32 {
+		return func(text string) []float32 { return manualEmbedding(t, m, tokens(t, m, text, true), from) }
+	}
 	tests := []struct {
 		name string
 		opts EngineEmbedderOptions
-		from int
+		want func(text string) []float32
 	}{
-		{"defaults skip the first position", EngineEmbedderOptions{}, 1},
-		{"keep first, tight batches", EngineEmbedderOptions{KeepFirst: true, MaxSeqs: 3, MaxTokens: 80}, 0},
+		{"default: the prompt's last token", EngineEmbedderOptions{}, prompt},
+		{"prompt, tight batches", EngineEmbedderOptions{MaxSeqs: 3, MaxTokens: 80}, prompt},
+		{"mean skips the first position", EngineEmbedderOptions{Pooling: PoolMean}, mean(1)},
+		{"mean, keep first, tight batches", EngineEmbedderOptions{Pooling: PoolMean, KeepFirst: true, MaxSeqs: 3, MaxTokens: 80}, mean(0)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,8 +87,7 @@ func TestEngineEmbedderMeanPoolsAndNormalizes(t *testing.T) {
 					ss += float64(x) * float64(x)
 				}
 				assert.InDelta(t, 1, math.Sqrt(ss), 1e-5, "text %d must be unit length", i)
-				want := manualEmbedding(t, m, texts[i], tc.from)
-				assert.InDeltaSlice(t, want, v, 1e-5, "text %d: batched and alone must agree", i)
+				assert.InDeltaSlice(t, tc.want(texts[i]), v, 1e-5, "text %d: batched and alone must agree", i)
 			}
 			// The context is reused: a second call gives the same vectors.
 			again, err := e.Embed(t.Context(), texts[:4])
@@ -84,16 +99,39 @@ func TestEngineEmbedderMeanPoolsAndNormalizes(t *testing.T) {
 
 func TestEngineEmbedderTruncatesAndRejects(t *testing.T) {
 	m := fakeModel()
-	e := NewEngineEmbedder(m, EngineEmbedderOptions{MaxTokens: 16})
-	defer e.Close()
 	long := strings.Repeat("abcdefgh", 10)
-	got, err := e.Embed(t.Context(), []string{long, long[:15]}) // BOS + 15 bytes = 16 tokens
+
+	mean := NewEngineEmbedder(m, EngineEmbedderOptions{Pooling: PoolMean, MaxTokens: 16})
+	defer mean.Close()
+	got, err := mean.Embed(t.Context(), []string{long, long[:15]}) // BOS + 15 bytes = 16 tokens
 	require.NoError(t, err)
 	assert.Equal(t, got[1], got[0], "a text is cut at MaxTokens tokens")
 
+	// The prompt's tail survives truncation: the text is what is cut.
+	// (The fake model's last-token state hardly depends on the text, so
+	// the tokens are checked rather than the vectors.)
+	e := NewEngineEmbedder(m, EngineEmbedderOptions{MaxTokens: 64})
+	defer e.Close()
+	head, tail := tokens(t, m, promptHead, true), tokens(t, m, promptTail, false)
+	room := 64 - len(head) - len(tail)
+	got1, err := e.tokenize(long)
+	require.NoError(t, err)
+	assert.Equal(t, slices.Concat(head, tokens(t, m, long[:room], false), tail), got1)
+	short, err := e.tokenize("abc")
+	require.NoError(t, err)
+	assert.Equal(t, slices.Concat(head, tokens(t, m, "abc", false), tail), short)
+	_, err = e.Embed(t.Context(), []string{long})
+	require.NoError(t, err)
+
+	_, err = NewEngineEmbedder(m, EngineEmbedderOptions{MaxTokens: 8}).Embed(t.Context(), []string{"x"})
+	assert.ErrorIs(t, err, engine.ErrInvalidInput, "no room for text inside the prompt")
+	_, err = e.Embed(t.Context(), []string{""})
+	assert.ErrorIs(t, err, engine.ErrInvalidInput)
+
 	assert.Contains(t, e.Fingerprint(), m.Info().Fingerprint)
-	assert.Contains(t, e.Fingerprint(), "mean-skip-first")
-	assert.NotEqual(t, e.Fingerprint(), NewEngineEmbedder(m, EngineEmbedderOptions{KeepFirst: true}).Fingerprint())
+	assert.Contains(t, e.Fingerprint(), "prompt-last")
+	assert.Contains(t, mean.Fingerprint(), "mean-skip-first")
+	assert.NotEqual(t, mean.Fingerprint(), NewEngineEmbedder(m, EngineEmbedderOptions{Pooling: PoolMean, KeepFirst: true}).Fingerprint())
 
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
@@ -109,7 +147,7 @@ func TestEngineEmbedderIndexes(t *testing.T) {
 	// with them must work end to end: a passage is its own nearest
 	// neighbour.
 	m := fakeModel()
-	emb := NewEngineEmbedder(m, EngineEmbedderOptions{})
+	emb := NewEngineEmbedder(m, EngineEmbedderOptions{Pooling: PoolMean})
 	defer emb.Close()
 	ix, _, _ := buildTestIndex(t, Options{Tokenizer: m, Embedder: emb, Chunk: ChunkOptions{Tokens: 48, Overlap: 8}})
 	assert.Equal(t, m.Info().EmbedDim, ix.Stats().Manifest.Dims)
