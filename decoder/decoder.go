@@ -110,6 +110,9 @@ type Decoder struct {
 	ectx  engine.Context
 	opts  Options
 	vocab int
+	// branches is how many KV sequences each passage has for token trees
+	// (1: linear drafts only).
+	branches int
 
 	// The current generation.
 	passages []Passage
@@ -141,13 +144,26 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 			return nil, err
 		}
 	}
-	c, err := m.NewContext(engine.ContextOptions{
+	copts := engine.ContextOptions{
 		CtxPerSeq: opts.CtxPerSeq, MaxSeqs: opts.MaxPassages, BatchSize: opts.BatchSize, Threads: opts.Threads,
-	})
+	}
+	branches := 1
+	if opts.Spec.Enabled && opts.Spec.TreeBudget > 1 && opts.Mode == OutputAggregation {
+		// Token trees: every passage gets one KV sequence per branch. The
+		// branches share the passage's prefix cells, which needs one
+		// unified KV buffer.
+		branches = max(1, min(opts.Spec.TreeBudget, maxSeqs/opts.MaxPassages))
+	}
+	if branches > 1 {
+		copts.MaxSeqs = opts.MaxPassages * branches
+		copts.Unified = true
+		copts.Cells = opts.MaxPassages * (opts.CtxPerSeq + opts.Spec.TreeBudget)
+	}
+	c, err := m.NewContext(copts)
 	if err != nil {
 		return nil, fmt.Errorf("decoder: %w", err)
 	}
-	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize()}
+	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches}
 	d.logits = make([]float32, d.vocab)
 	d.next = make([]float32, d.vocab)
 	d.acc = spec.NewAcceptance(0.5)
@@ -239,7 +255,7 @@ func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, h
 	d.w, _ = weights(scores)
 	d.hTilde = hTilde
 	d.gen = d.gen[:0]
-	for s := range d.opts.MaxPassages {
+	for s := range d.opts.MaxPassages * d.branches {
 		if err := d.ectx.Truncate(s, 0); err != nil {
 			return err
 		}
@@ -472,6 +488,9 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 }
 
 const calibK = 4
+
+// maxSeqs is llama.cpp's limit on the sequences of one context.
+const maxSeqs = 256
 
 func (d *Decoder) tokenAt(prompt []engine.Token, pos int, draft []engine.Token) engine.Token {
 	if pos < len(prompt) {

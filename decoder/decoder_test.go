@@ -184,23 +184,101 @@ func TestVerifyCommitEqualsStepByStep(t *testing.T) {
 	assert.InDeltaSlice(t, want, got, 1e-6)
 }
 
+// specVariants are the two ways Generate drafts: linear drafts and token
+// trees.
+func specVariants() map[string]spec.Options {
+	tree := spec.DefaultOptions()
+	tree.TreeBudget = spec.DefaultTreeBudget
+	return map[string]spec.Options{"linear": spec.DefaultOptions(), "tree": tree}
+}
+
 func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 	// A model that copies its context, as RAG answers do, so drafts land.
 	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, CallLatency: time.Millisecond, Latency: 50 * time.Microsecond}
-	for _, n := range []int{1, 3} {
-		_, plain := newFakeWith(t, copier, Options{})
-		_, fast := newFakeWith(t, copier, Options{Spec: spec.DefaultOptions()})
-		req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk", Passages: threePassages[:n], MaxTokens: 80}
-		a, err := plain.Generate(context.Background(), req, nil)
-		require.NoError(t, err)
-		b, err := fast.Generate(context.Background(), req, nil)
-		require.NoError(t, err)
-		assert.Equal(t, a.Tokens, b.Tokens, "%d passages", n)
-		assert.Equal(t, a.Text, b.Text)
-		assert.Greater(t, b.Spec.AcceptedTokens, uint64(0), "drafts were accepted")
-		assert.Less(t, b.Steps, a.Steps, "fewer forward passes")
-		t.Logf("%d passages: %d plain steps, %d speculative, %+v", n, a.Steps, b.Steps, b.Spec)
+	for name, so := range specVariants() {
+		for _, n := range []int{1, 3} {
+			_, plain := newFakeWith(t, copier, Options{})
+			_, fast := newFakeWith(t, copier, Options{Spec: so})
+			req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk; the lamp at dawn", Passages: threePassages[:n], MaxTokens: 80}
+			a, err := plain.Generate(context.Background(), req, nil)
+			require.NoError(t, err)
+			b, err := fast.Generate(context.Background(), req, nil)
+			require.NoError(t, err)
+			assert.Equal(t, a.Tokens, b.Tokens, "%s, %d passages", name, n)
+			assert.Equal(t, a.Text, b.Text)
+			assert.Greater(t, b.Spec.AcceptedTokens, uint64(0), "drafts were accepted")
+			assert.Less(t, b.Steps, a.Steps, "fewer forward passes")
+			if name == "tree" {
+				assert.Positive(t, b.Spec.BranchedTrees, "trees of several branches were verified")
+			}
+			t.Logf("%s, %d passages: %d plain steps, %d speculative, %+v", name, n, a.Steps, b.Steps, b.Spec)
+		}
 	}
+}
+
+// TestVerifyTreeEqualsStepByStep: every node's mixture is the one plain
+// decoding computes after the node's path, and committing a path that is
+// not branch 0 leaves each passage's sequence exactly as if only that path
+// had ever been decoded.
+func TestVerifyTreeEqualsStepByStep(t *testing.T) {
+	_, d := newFake(t, Options{Spec: specVariants()["tree"]})
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "q?", threePassages, nil))
+	b := func(c byte) engine.Token { return engine.Token(fake.ByteOffset + int(c)) }
+	// Decode one token first so that the root is a pending token.
+	d.Push(b('T'))
+	//        T ─ h ─ e
+	//          │   └ a ─ t
+	//          └ o
+	tree := spec.NewTree(b('T'))
+	h := tree.Add(0, b('h'), 0.5)
+	tree.Add(h, b('e'), 0.4)
+	a := tree.Add(h, b('a'), 0.2)
+	tree.Add(a, b('t'), 0.1)
+	tree.Add(0, b('o'), 0.1)
+	tree.Finish()
+	require.Len(t, tree.Leaves, 3)
+
+	rows, err := d.VerifyTree(ctx, tree)
+	require.NoError(t, err)
+	require.Len(t, rows, len(tree.Nodes))
+	for i := range tree.Nodes {
+		_, ref := newFake(t, Options{})
+		require.NoError(t, ref.Begin(ctx, "q?", threePassages, nil))
+		ref.Push(b('T'))
+		ref.Push(tree.Tokens(tree.Path(i))...)
+		want, err := ref.Next(ctx)
+		require.NoError(t, err)
+		assert.InDeltaSlice(t, want, rows[i], 1e-6, "node %d", i)
+	}
+
+	// The target took h then a, then corrected to x: branch "T h a t" keeps
+	// two nodes, and it is not branch 0.
+	v := spec.TreeVerdict{Verdict: spec.Verdict{Accepted: 2, Attempted: 3, Emit: []engine.Token{b('h'), b('a'), b('x')}}, Path: []int{h, a}, Branch: 1}
+	require.Equal(t, []int{h, a}, tree.Path(tree.Leaves[1])[:2], "branch 1 runs through h and a")
+	require.NoError(t, d.CommitTree(tree, v))
+	_, ref := newFake(t, Options{})
+	require.NoError(t, ref.Begin(ctx, "q?", threePassages, nil))
+	ref.Push(b('T'), b('h'), b('a'), b('x'))
+	for s := range d.Seqs() {
+		assert.Equal(t, len(d.Prompt(s))+3, d.ectx.SeqLen(s), "sequence %d holds T h a, x pending", s)
+		for br := 1; br < d.TreeBranches(); br++ {
+			assert.Zero(t, d.ectx.SeqLen(d.branchSeq(s, br)), "branch %d of sequence %d is cleared", br, s)
+		}
+	}
+	assert.Equal(t, []engine.Token{b('T'), b('h'), b('a'), b('x')}, d.Generated())
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+	want, err := ref.Next(ctx)
+	require.NoError(t, err)
+	assert.InDeltaSlice(t, want, got, 1e-6)
+
+	// Bad verdicts and trees are refused.
+	assert.Error(t, d.CommitTree(tree, spec.TreeVerdict{Verdict: spec.Verdict{Accepted: 1, Emit: []engine.Token{1}}, Path: []int{h}}))
+	_, linear := newFake(t, Options{Spec: specVariants()["linear"]})
+	require.NoError(t, linear.Begin(ctx, "q?", threePassages, nil))
+	_, err = linear.VerifyTree(ctx, tree)
+	assert.ErrorIs(t, err, engine.ErrInvalidInput, "trees are off")
 }
 
 func TestContextAggregationIsOneSequence(t *testing.T) {
@@ -294,17 +372,19 @@ func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
 	req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk", Passages: threePassages, MaxTokens: 60,
 		Sampling: sampling.Params{Temperature: 0.7, TopP: 0.95, RepeatPenalty: 1.05, Seed: 11}}
 	_, plain := newFakeWith(t, copier, Options{})
-	_, fast := newFakeWith(t, copier, Options{Spec: spec.DefaultOptions()})
 	a, err := plain.Generate(context.Background(), req, nil)
 	require.NoError(t, err)
 	require.NotEmpty(t, a.Tokens)
 	b, err := plain.Generate(context.Background(), req, nil)
 	require.NoError(t, err)
 	assert.Equal(t, a.Tokens, b.Tokens, "same seed, same answer")
-	c, err := fast.Generate(context.Background(), req, nil)
-	require.NoError(t, err)
-	assert.Equal(t, a.Tokens, c.Tokens, "speculative sampling emits plain sampling's answer")
-	assert.Positive(t, c.Spec.AcceptedTokens, "drafts were accepted")
+	for name, so := range specVariants() {
+		_, fast := newFakeWith(t, copier, Options{Spec: so})
+		c, err := fast.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		assert.Equal(t, a.Tokens, c.Tokens, "%s: speculative sampling emits plain sampling's answer", name)
+		assert.Positive(t, c.Spec.AcceptedTokens, "%s: drafts were accepted", name)
+	}
 	req.Sampling.Seed = 12
 	e, err := plain.Generate(context.Background(), req, nil)
 	require.NoError(t, err)

@@ -155,6 +155,15 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		}
 		var draft spec.Draft
 		plan := spec.Plan{}
+		if specOn && d.branches > 1 {
+			done, err := d.treeStep(ctx, &res, choose, decide, room())
+			if err != nil || done {
+				res.Text = text.String() + detok.Flush()
+				res.DecodeMS = sinceOr(decodeStart)
+				return res, err
+			}
+			continue
+		}
 		if specOn {
 			draft = d.drafter.Draft()
 			avail := min(len(draft.Tokens), room()-1)
@@ -240,6 +249,83 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	res.Text = text.String() + detok.Flush()
 	res.DecodeMS = sinceOr(decodeStart)
 	return res, nil
+}
+
+// treeStep is one step with a token tree (Lever §4.2): grown from the
+// drafter's candidates while it raises expected tokens per millisecond
+// (with NoCostModel: as far as the candidates and the budget go), verified
+// in one batch, walked along the target's own choices. A tree of the root
+// alone is a plain decoding step.
+func (d *Decoder) treeStep(ctx context.Context, res *Result, choose func([]float32, int, []engine.Token) engine.Token,
+	decide func([]engine.Token) (bool, error), room int) (bool, error) {
+	var root engine.Token
+	if len(d.gen) > 0 {
+		root = d.gen[len(d.gen)-1]
+	}
+	src := d.drafter.TreeSource()
+	tree := spec.NewTree(root)
+	tree.Finish()
+	free := func(int, int) float64 { return 1 } // grows a tree as far as the candidates go
+	if depth := min(d.opts.Spec.MaxDraft, room-1); depth > 0 {
+		cost := d.cost.TreeCost
+		if d.opts.NoCostModel {
+			cost = free
+		}
+		tree = spec.BuildTree(src, root, cost, min(d.opts.Spec.TreeBudget, d.branches), depth)
+	}
+	plan := d.cost.PlanTree(tree, src.MatchLen)
+	if tree.Size() == 0 && room > 1 && d.acc.Attempts(src.MatchLen) < exploreAttempts {
+		// Too little evidence in this match-length bucket for the cost
+		// model to judge it: try the likeliest candidate to learn α.
+		tree = spec.BuildTree(src, root, free, exploreGamma, exploreGamma)
+		plan = d.cost.Plan(src.MatchLen, tree.Size())
+	}
+	start := time.Now()
+	var (
+		rows [][]float32
+		err  error
+	)
+	if tree.Size() == 0 {
+		var mix []float32
+		mix, err = d.Next(ctx)
+		rows = [][]float32{mix}
+	} else {
+		rows, err = d.VerifyTree(ctx, tree)
+	}
+	if err != nil {
+		return true, err
+	}
+	verifyMS := since(start)
+	// The target's own choice after each node, given the node's path (see
+	// choose): following the matching child reproduces plain decoding.
+	chosen := make([]engine.Token, len(rows))
+	for i, r := range rows {
+		path := tree.Tokens(tree.Path(i))
+		chosen[i] = choose(r, len(d.gen)+len(path), append(d.gen[:len(d.gen):len(d.gen)], path...))
+	}
+	v, err := tree.VerifyGreedy(chosen)
+	if err != nil {
+		return true, err
+	}
+	if tree.Size() == 0 {
+		d.Push(v.Emit...)
+	} else if err := d.CommitTree(tree, v); err != nil {
+		return true, err
+	}
+	res.Steps++
+	if tree.Size() > 0 {
+		d.drafter.VerifiedTree(tree, chosen, v)
+		d.stats.RecordTree(tree, v.Accepted)
+		res.Spec = d.stats
+	}
+	if err := d.drafter.Append(v.Emit...); err != nil {
+		return true, err
+	}
+	d.cost.Observe(plan, spec.Outcome{
+		Accepted: v.Accepted, Attempted: v.Attempted,
+		Rows: len(rows) * len(d.prompts), Seqs: len(tree.Leaves) * len(d.prompts), VerifyMs: verifyMS,
+	})
+	return decide(v.Emit)
 }
 
 // Exploration of match-length buckets the cost model has no evidence for.

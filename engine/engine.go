@@ -97,8 +97,15 @@ type ContextOptions struct {
 	Embeddings bool
 	// Unified keeps all sequences in one KV buffer: needed for tokens that
 	// belong to several sequences (token trees) and partial CopySeq;
-	// otherwise each sequence has its own stream (backend permitting).
+	// otherwise each sequence has its own stream (backend permitting). On
+	// llama.cpp a unified context computes attention without the flash
+	// kernel, which is wrong once removals put a sequence's cells out of
+	// position order.
 	Unified bool
+	// Cells is the size of the unified KV buffer (0: CtxPerSeq·MaxSeqs).
+	// Sequences that share a prefix share its cells, so many short-lived
+	// branch sequences need far fewer cells than they would apart.
+	Cells int
 }
 
 // Entry is one token of a batch.

@@ -49,13 +49,19 @@ type CalibrationOptions struct {
 	MaxOrder int
 }
 
-// DefaultOptions: drafts up to 8 tokens, trees up to 16 nodes, calibration
-// and reuse on.
+// TreeBudget of token trees when they are turned on.
+const DefaultTreeBudget = 16
+
+// DefaultOptions: linear drafts up to 8 tokens, calibration and reuse on.
+// Token trees (TreeBudget > 1, e.g. DefaultTreeBudget) are opt-in: they
+// need a unified KV buffer, where llama.cpp's flash attention can't be
+// used, and on a 2-core CPU the cost model hardly ever grows one
+// (docs/BENCHMARKS.md).
 func DefaultOptions() Options {
 	return Options{
 		Enabled:     true,
 		MaxDraft:    8,
-		TreeBudget:  16,
+		TreeBudget:  1,
 		Branching:   3,
 		Calibration: true,
 		Reuse:       true,
@@ -97,6 +103,7 @@ type Stats struct {
 	DraftedTokens  uint64
 	AcceptedTokens uint64
 	ReusedDrafts   uint64 // drafts that came from a reused segment
+	BranchedTrees  uint64 // drafts that were token trees of several branches
 }
 
 // Record counts one verification pass of drafted tokens.
@@ -110,6 +117,14 @@ func (s *Stats) Record(drafted, accepted int, reused bool) {
 	s.AcceptedTokens += uint64(accepted)
 	if reused {
 		s.ReusedDrafts++
+	}
+}
+
+// RecordTree counts one verification pass of a token tree.
+func (s *Stats) RecordTree(t *Tree, accepted int) {
+	s.Record(t.Size(), accepted, false)
+	if len(t.Leaves) > 1 {
+		s.BranchedTrees++
 	}
 }
 

@@ -139,7 +139,6 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		return decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 1024, Threads: opts.Threads, Spec: o, NoCostModel: noCost})
 	}
 	full := spec.DefaultOptions()
-	full.TreeBudget = 1 // trees are not wired into the decoder yet
 
 	res := &Result{Prompts: len(opts.Prompts1), Threads: opts.Threads, MaxTokens: opts.MaxTokens}
 	plainDec, err := newDec(spec.Options{}, false)
@@ -196,6 +195,8 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	calib.Calibration = true
 	reuse := calib
 	reuse.Reuse = true
+	trees := reuse
+	trees.TreeBudget = spec.DefaultTreeBudget
 	rows := []struct {
 		name   string
 		o      spec.Options
@@ -205,8 +206,9 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		{"+lookup", lookup, true, "suffix-automaton drafts, every draft verified whole"},
 		{"+calibration", calib, true, ""},
 		{"+reuse", reuse, true, ""},
-		{"+tree", reuse, true, "token trees are built by spec but not yet decoded by the decoder: same as +reuse"},
-		{"+cost-model", reuse, false, "the cost model chooses whether and how far to draft"},
+		{"+tree", trees, true, "token trees of up to 16 nodes, grown as far as the candidates go (unified KV, no flash attention)"},
+		{"+cost-model", trees, false, "the cost model chooses whether and how large a tree to draft"},
+		{"+cost-model, linear", reuse, false, "the cost model on linear drafts: the default"},
 	}
 	for _, r := range rows {
 		d, err := newDec(r.o, r.noCost)

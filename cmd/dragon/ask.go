@@ -51,6 +51,7 @@ func newAskCmd() *cobra.Command {
 		modelPath, indexDir, question, modeName, aggName string
 		threads, k, maxTokens                            int
 		noSpec, quiet                                    bool
+		treeBudget                                       int
 		sp                                               sampling.Params
 	)
 	cmd := &cobra.Command{
@@ -89,6 +90,7 @@ func newAskCmd() *cobra.Command {
 			opts := decoder.Options{MaxPassages: max(k, 1), CtxPerSeq: 1024, Threads: threads, Mode: agg}
 			if !noSpec {
 				opts.Spec = spec.DefaultOptions()
+				opts.Spec.TreeBudget = treeBudget
 			}
 			d, err := decoder.New(m, opts)
 			if err != nil {
@@ -127,6 +129,7 @@ func newAskCmd() *cobra.Command {
 	f.IntVar(&threads, "threads", 2, "compute threads")
 	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
+	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees disable flash attention)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
 	addSamplingFlags(f, &sp)
 	return cmd

@@ -21,7 +21,8 @@ static bool dragon_abort_cb(void *data) {
 }
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
-                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified) {
+                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified,
+                           int exact_attention) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -33,6 +34,9 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
     p.kv_unified = unified != 0;
+    if (exact_attention) {
+        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    }
     p.no_perf = true;
 
     dragon_ctx *c = calloc(1, sizeof(*c));

@@ -1,0 +1,188 @@
+package decoder
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/vecmath"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+// Token trees (Lever §B2(a)). Passage s decodes branch 0 of a tree on its
+// own sequence s and branch b ≥ 1 on a sequence of its own (branchSeq),
+// which starts as a copy of s's prefix: the copy shares the prefix's KV
+// cells, and a tree node shared by several branches is one batch row
+// tagged with all their sequences. So each node attends to exactly its
+// passage, the answer so far and its own path.
+
+// TreeBranches is how many branches a tree may have (1: trees are off).
+func (d *Decoder) TreeBranches() int { return d.branches }
+
+// branchSeq is the KV sequence of branch b of passage s.
+func (d *Decoder) branchSeq(s, b int) int {
+	if b == 0 {
+		return s
+	}
+	return d.opts.MaxPassages + s*(d.branches-1) + b - 1
+}
+
+// VerifyTree decodes the pending tokens and every draft node of tree on
+// every passage in one batch and returns one mixture per node: rows[i] is
+// p^s after node i's path (rows[0]: after the pending tokens, tree.Nodes[0]
+// standing for the last of them). Follow it with CommitTree. The rows are
+// owned by the decoder until the next Verify or VerifyTree.
+func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32, error) {
+	switch {
+	case d.branches <= 1:
+		return nil, fmt.Errorf("decoder: %w: token trees are off (Spec.TreeBudget ≤ 1)", engine.ErrInvalidInput)
+	case tree == nil || len(tree.Leaves) == 0:
+		return nil, fmt.Errorf("decoder: %w: tree without leaves (call Finish)", engine.ErrInvalidInput)
+	case len(tree.Leaves) > d.branches:
+		return nil, fmt.Errorf("decoder: %w: tree of %d branches, at most %d", engine.ErrInvalidInput, len(tree.Leaves), d.branches)
+	}
+	depth := 0
+	for _, n := range tree.Nodes {
+		depth = max(depth, n.Depth)
+	}
+	n := len(tree.Nodes)
+	for len(d.mixes) < n {
+		d.mixes = append(d.mixes, make([]float32, d.vocab))
+	}
+	for _, m := range d.mixes[:n] {
+		clear(m)
+	}
+	pending := len(d.prompts[0]) + len(d.gen) - d.held[0]
+	if pending == 0 {
+		if !d.nextValid {
+			return nil, fmt.Errorf("decoder: internal error: nothing pending and no distribution for the root")
+		}
+		copy(d.mixes[0], d.next)
+	}
+	saved := append([]int(nil), d.held...)
+	undo := func(err error) error {
+		for s := range d.prompts {
+			for b := 1; b < len(tree.Leaves); b++ {
+				if terr := d.ectx.Truncate(d.branchSeq(s, b), 0); terr != nil {
+					return fmt.Errorf("decoder: %w (and clearing a branch: %w)", err, terr)
+				}
+			}
+		}
+		return d.undo(saved, err)
+	}
+
+	type want struct{ seq, out int }
+	var wants []want
+	d.batch.Reset()
+	flush := func() error {
+		if d.batch.Len() == 0 {
+			return nil
+		}
+		if err := d.ectx.Decode(ctx, &d.batch); err != nil {
+			return err
+		}
+		for row, w := range wants {
+			if w.out < 0 {
+				continue
+			}
+			logits, err := d.ectx.Logits(row, d.logits)
+			if err != nil {
+				return err
+			}
+			if _, err := vecmath.SoftmaxMix(d.mixes[w.out], logits, d.w[w.seq]); err != nil {
+				return fmt.Errorf("decoder: passage %d: %w", w.seq, err)
+			}
+		}
+		d.batch.Reset()
+		wants = wants[:0]
+		return nil
+	}
+	add := func(w want, tok engine.Token, pos int, seqs []int) error {
+		d.batch.Add(tok, pos, w.out >= 0, seqs...)
+		wants = append(wants, w)
+		if d.batch.Len() >= d.opts.BatchSize {
+			return flush()
+		}
+		return nil
+	}
+	for s, prompt := range d.prompts {
+		base := len(prompt) + len(d.gen) // position of depth 1
+		if base+depth > d.opts.CtxPerSeq {
+			return nil, undo(fmt.Errorf("%w: sequence %d would hold %d positions, more than %d", engine.ErrContextFull, s, base+depth, d.opts.CtxPerSeq))
+		}
+		all := make([]int, len(tree.Leaves))
+		for b := range tree.Leaves {
+			all[b] = d.branchSeq(s, b)
+			if b > 0 {
+				if err := d.ectx.CopySeq(s, all[b], 0, d.held[s]); err != nil {
+					return nil, undo(err)
+				}
+			}
+		}
+		// Pending tokens belong to every branch; the last one is the root.
+		for pos := d.held[s]; pos < base; pos++ {
+			out := -1
+			if pos == base-1 {
+				out = 0
+			}
+			if err := add(want{s, out}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
+				return nil, undo(err)
+			}
+		}
+		for i, node := range tree.Nodes[1:] {
+			seqs := make([]int, len(node.Branches))
+			for j, b := range node.Branches {
+				seqs[j] = all[b]
+			}
+			if err := add(want{s, i + 1}, node.Token, base+node.Depth-1, seqs); err != nil {
+				return nil, undo(err)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, undo(err)
+	}
+	for s, p := range d.prompts {
+		d.held[s] = len(p) + len(d.gen) + tree.Nodes[tree.Leaves[0]].Depth
+	}
+	d.nextValid = false
+	return d.mixes[:n], nil
+}
+
+// CommitTree records the outcome v of a VerifyTree: the accepted path stays
+// in every passage's own sequence, v.Emit joins the answer, and every other
+// node is removed, with the branch sequences.
+func (d *Decoder) CommitTree(tree *spec.Tree, v spec.TreeVerdict) error {
+	a := v.Accepted
+	if a < 0 || len(v.Path) != a || len(v.Emit) != a+1 || v.Branch < 0 || v.Branch >= len(tree.Leaves) {
+		return fmt.Errorf("decoder: %w: tree commit of %d accepted, %d emitted, branch %d of %d", engine.ErrInvalidInput, a, len(v.Emit), v.Branch, len(tree.Leaves))
+	}
+	for s, p := range d.prompts {
+		base := len(p) + len(d.gen)
+		keep := base + a
+		if v.Branch == 0 {
+			if err := d.ectx.Truncate(s, keep); err != nil {
+				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
+			}
+		} else {
+			// The passage's own sequence holds branch 0: swap in the
+			// accepted path from its branch's sequence (shared cells, no
+			// recomputation).
+			if err := d.ectx.Truncate(s, base); err != nil {
+				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
+			}
+			if err := d.ectx.CopySeq(d.branchSeq(s, v.Branch), s, base, keep); err != nil {
+				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
+			}
+		}
+		for b := 1; b < len(tree.Leaves); b++ {
+			if err := d.ectx.Truncate(d.branchSeq(s, b), 0); err != nil {
+				return fmt.Errorf("decoder: commit tree, branch %d of sequence %d: %w", b, s, err)
+			}
+		}
+		d.held[s] = keep
+	}
+	d.gen = append(d.gen, v.Emit...)
+	d.nextValid = false
+	return nil
+}
