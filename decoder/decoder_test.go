@@ -184,21 +184,31 @@ func TestVerifyCommitEqualsStepByStep(t *testing.T) {
 	assert.InDeltaSlice(t, want, got, 1e-6)
 }
 
-// specVariants are the two ways Generate drafts: linear drafts and token
-// trees.
-func specVariants() map[string]spec.Options {
+// specVariant is one way Generate drafts.
+type specVariant struct {
+	spec   spec.Options
+	noCost bool // trees grown as far as the candidates go: branching is certain
+}
+
+// specVariants: linear drafts and token trees, under the cost model (whose
+// choices depend on measured times) and without it.
+func specVariants() map[string]specVariant {
 	tree := spec.DefaultOptions()
 	tree.TreeBudget = spec.DefaultTreeBudget
-	return map[string]spec.Options{"linear": spec.DefaultOptions(), "tree": tree}
+	return map[string]specVariant{
+		"linear":           {spec: spec.DefaultOptions()},
+		"tree":             {spec: tree},
+		"tree, every node": {spec: tree, noCost: true},
+	}
 }
 
 func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 	// A model that copies its context, as RAG answers do, so drafts land.
 	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, CallLatency: time.Millisecond, Latency: 50 * time.Microsecond}
-	for name, so := range specVariants() {
+	for name, v := range specVariants() {
 		for _, n := range []int{1, 3} {
 			_, plain := newFakeWith(t, copier, Options{})
-			_, fast := newFakeWith(t, copier, Options{Spec: so})
+			_, fast := newFakeWith(t, copier, Options{Spec: v.spec, NoCostModel: v.noCost})
 			req := Request{Query: "Repeat: the lamp, the lamp, the lamp at dusk; the lamp at dawn", Passages: threePassages[:n], MaxTokens: 80}
 			a, err := plain.Generate(context.Background(), req, nil)
 			require.NoError(t, err)
@@ -208,7 +218,7 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 			assert.Equal(t, a.Text, b.Text)
 			assert.Greater(t, b.Spec.AcceptedTokens, uint64(0), "drafts were accepted")
 			assert.Less(t, b.Steps, a.Steps, "fewer forward passes")
-			if name == "tree" {
+			if v.noCost && v.spec.TreeBudget > 1 {
 				assert.Positive(t, b.Spec.BranchedTrees, "trees of several branches were verified")
 			}
 			t.Logf("%s, %d passages: %d plain steps, %d speculative, %+v", name, n, a.Steps, b.Steps, b.Spec)
@@ -221,7 +231,7 @@ func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
 // not branch 0 leaves each passage's sequence exactly as if only that path
 // had ever been decoded.
 func TestVerifyTreeEqualsStepByStep(t *testing.T) {
-	_, d := newFake(t, Options{Spec: specVariants()["tree"]})
+	_, d := newFake(t, Options{Spec: specVariants()["tree"].spec})
 	ctx := context.Background()
 	require.NoError(t, d.Begin(ctx, "q?", threePassages, nil))
 	b := func(c byte) engine.Token { return engine.Token(fake.ByteOffset + int(c)) }
@@ -275,7 +285,7 @@ func TestVerifyTreeEqualsStepByStep(t *testing.T) {
 
 	// Bad verdicts and trees are refused.
 	assert.Error(t, d.CommitTree(tree, spec.TreeVerdict{Verdict: spec.Verdict{Accepted: 1, Emit: []engine.Token{1}}, Path: []int{h}}))
-	_, linear := newFake(t, Options{Spec: specVariants()["linear"]})
+	_, linear := newFake(t, Options{Spec: specVariants()["linear"].spec})
 	require.NoError(t, linear.Begin(ctx, "q?", threePassages, nil))
 	_, err = linear.VerifyTree(ctx, tree)
 	assert.ErrorIs(t, err, engine.ErrInvalidInput, "trees are off")
@@ -378,8 +388,8 @@ func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
 	b, err := plain.Generate(context.Background(), req, nil)
 	require.NoError(t, err)
 	assert.Equal(t, a.Tokens, b.Tokens, "same seed, same answer")
-	for name, so := range specVariants() {
-		_, fast := newFakeWith(t, copier, Options{Spec: so})
+	for name, v := range specVariants() {
+		_, fast := newFakeWith(t, copier, Options{Spec: v.spec, NoCostModel: v.noCost})
 		c, err := fast.Generate(context.Background(), req, nil)
 		require.NoError(t, err)
 		assert.Equal(t, a.Tokens, c.Tokens, "%s: speculative sampling emits plain sampling's answer", name)
