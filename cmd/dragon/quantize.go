@@ -26,7 +26,7 @@ func newQuantizeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&in, "in", "", "input GGUF")
 	f.StringVar(&out, "out", "", "output GGUF")
-	f.StringVar(&ftype, "type", "q8_0", "weight type: q8_0, q4_0, q5_0 or f16")
+	f.StringVar(&ftype, "type", "q8_0", "weight type: q8_0, q4_0, iq4_nl, q5_0 or f16")
 	f.IntVar(&threads, "threads", 2, "threads")
 	_ = cmd.MarkFlagRequired("in")
 	_ = cmd.MarkFlagRequired("out")

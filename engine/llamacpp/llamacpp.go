@@ -277,12 +277,7 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 		cells = opts.Cells
 	}
 	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize),
-		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified),
-		// llama.cpp's CPU flash attention is wrong once a sequence's cells
-		// are out of position order, which removals in a unified buffer
-		// cause (TestUnifiedHolesKeepLogits): unified contexts use the
-		// plain attention path.
-		cbool(unified))
+		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified))
 	if cc == nil {
 		return nil, fmt.Errorf("llamacpp: could not create a context of %d cells for %d sequences", cells, opts.MaxSeqs)
 	}

@@ -23,7 +23,7 @@ var ftypes = map[string]C.enum_llama_ftype{
 }
 
 // Quantize rewrites the model at in with weights of type ftype ("q8_0",
-// "q4_0", "q5_0", "f16") into out. Already-quantized weights are
+// "q4_0", "iq4_nl", "q5_0", "f16") into out. Already-quantized weights are
 // dequantized first. Used to move a model onto a weight type whose batched
 // matrix kernels are fast on this CPU (see docs/BENCHMARKS.md).
 func Quantize(in, out, ftype string, threads int) error {

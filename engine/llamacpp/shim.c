@@ -21,8 +21,7 @@ static bool dragon_abort_cb(void *data) {
 }
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
-                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified,
-                           int exact_attention) {
+                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -34,7 +33,11 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
     p.kv_unified = unified != 0;
-    if (exact_attention) {
+    if (unified) {
+        // Removals in a unified buffer leave free cells that later tokens
+        // fill, so a sequence's cells stop being in position order, and
+        // this llama.cpp's CPU flash attention then computes wrong
+        // attention (TestUnifiedHolesKeepLogits); the plain path is exact.
         p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     }
     p.no_perf = true;

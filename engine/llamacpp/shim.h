@@ -12,8 +12,7 @@ typedef struct dragon_ctx dragon_ctx;
 
 // dragon_ctx_new creates a context with the abort callback installed.
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
-                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified,
-                           int exact_attention);
+                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified);
 void dragon_ctx_free(dragon_ctx *c);
 struct llama_context *dragon_ctx_llama(dragon_ctx *c);
 
