@@ -383,12 +383,7 @@ func (d *Decoder) Commit(draft []engine.Token, accepted int, emit []engine.Token
 // at the last len(draft)+1 positions (all rows when allRows).
 func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows bool, calib func(int, [][]engine.TokenLogit) error) error {
 	nOut := len(draft) + 1
-	for len(d.mixes) < nOut {
-		d.mixes = append(d.mixes, make([]float32, d.vocab))
-	}
-	for _, m := range d.mixes[:nOut] {
-		clear(m)
-	}
+	d.resetMixes(nOut)
 	if d.nextValid && len(draft) > 0 {
 		// Nothing pending: the first row is the distribution already known.
 		copy(d.mixes[0], d.next)
@@ -425,12 +420,8 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 			if w.out < 0 {
 				continue
 			}
-			logits, err := d.ectx.Logits(row, d.logits)
-			if err != nil {
+			if err := d.mixRow(row, w.out, w.seq); err != nil {
 				return err
-			}
-			if _, err := vecmath.SoftmaxMix(d.mixes[w.out], logits, d.w[w.seq]); err != nil {
-				return fmt.Errorf("decoder: passage %d: %w", w.seq, err)
 			}
 		}
 		d.batch.Reset()
@@ -488,6 +479,29 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 }
 
 const calibK = 4
+
+// resetMixes zeroes the first n mixtures, allocating what is missing.
+func (d *Decoder) resetMixes(n int) {
+	for len(d.mixes) < n {
+		d.mixes = append(d.mixes, make([]float32, d.vocab))
+	}
+	for _, m := range d.mixes[:n] {
+		clear(m)
+	}
+}
+
+// mixRow adds batch row row's next-token distribution, weighted by passage
+// seq's document weight, into mixture out.
+func (d *Decoder) mixRow(row, out, seq int) error {
+	logits, err := d.ectx.Logits(row, d.logits)
+	if err != nil {
+		return err
+	}
+	if _, err := vecmath.SoftmaxMix(d.mixes[out], logits, d.w[seq]); err != nil {
+		return fmt.Errorf("decoder: passage %d: %w", seq, err)
+	}
+	return nil
+}
 
 // maxSeqs is llama.cpp's limit on the sequences of one context.
 const maxSeqs = 256

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/dragon-rag/dragon/engine"
-	"github.com/dragon-rag/dragon/internal/vecmath"
 	"github.com/dragon-rag/dragon/spec"
 )
 
@@ -46,12 +45,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 		depth = max(depth, n.Depth)
 	}
 	n := len(tree.Nodes)
-	for len(d.mixes) < n {
-		d.mixes = append(d.mixes, make([]float32, d.vocab))
-	}
-	for _, m := range d.mixes[:n] {
-		clear(m)
-	}
+	d.resetMixes(n)
 	pending := len(d.prompts[0]) + len(d.gen) - d.held[0]
 	if pending == 0 {
 		if !d.nextValid {
@@ -85,12 +79,8 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 			if w.out < 0 {
 				continue
 			}
-			logits, err := d.ectx.Logits(row, d.logits)
-			if err != nil {
+			if err := d.mixRow(row, w.out, w.seq); err != nil {
 				return err
-			}
-			if _, err := vecmath.SoftmaxMix(d.mixes[w.out], logits, d.w[w.seq]); err != nil {
-				return fmt.Errorf("decoder: passage %d: %w", w.seq, err)
 			}
 		}
 		d.batch.Reset()
