@@ -24,7 +24,7 @@ export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps proto-tools model build test test-short vet fmt run bench clean
+.PHONY: all deps proto-tools model build test test-short vet fmt run bench cpuprobe clean
 
 all: build
 
@@ -89,6 +89,13 @@ bench: build model
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+# The machine's int8 compute and DRAM bandwidth ceilings, which the engine
+# figures are compared with in docs/BENCHMARKS.md.
+cpuprobe:
+	@mkdir -p bin
+	$(CC) $(CGO_CFLAGS) -o bin/cpuprobe scripts/cpuprobe.c -lpthread
+	bin/cpuprobe $(THREADS)
 
 clean:
 	rm -rf bin build

@@ -201,3 +201,49 @@ func timed(ctx context.Context, c engine.Context, b *engine.Batch, undo func() e
 	d := time.Since(start)
 	return d, undo()
 }
+
+// Repeat decodes passes of rows tokens of one sequence (all rows asking for
+// logits, as verification does) at CtxTokens of context, over and over for
+// about dur, and returns the mean ms per pass. It exists for an outside
+// profiler: `perf record -g dragon bench engine --only-rows 2` shows which
+// kernels a pass of that many rows runs, without the other figures' passes
+// mixed in.
+func Repeat(ctx context.Context, m engine.Model, opts Options, rows int, dur time.Duration) (float64, error) {
+	if opts.CtxTokens <= 0 {
+		opts.CtxTokens = 256
+	}
+	if rows < 1 || rows > opts.CtxTokens {
+		return 0, fmt.Errorf("%w: %d rows per pass (want 1..%d)", engine.ErrInvalidInput, rows, opts.CtxTokens)
+	}
+	prompt, err := filler(m, opts.CtxTokens)
+	if err != nil {
+		return 0, err
+	}
+	c, err := m.NewContext(engine.ContextOptions{
+		CtxPerSeq: opts.CtxTokens + rows, MaxSeqs: 1, BatchSize: opts.CtxTokens, Threads: opts.Threads, Unified: opts.Unified,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	b, err := engine.Prefill(ctx, c, 0, prompt, nil)
+	if err != nil {
+		return 0, fmt.Errorf("prefill: %w", err)
+	}
+	pos := len(prompt)
+	var spent time.Duration
+	passes := 0
+	for passes == 0 || spent < dur {
+		b.Reset()
+		for j := range rows {
+			b.Add(prompt[j], pos+j, true, 0)
+		}
+		d, err := timed(ctx, c, b, func() error { return c.Truncate(0, pos) })
+		if err != nil {
+			return 0, err
+		}
+		spent += d
+		passes++
+	}
+	return timing.MS(spent) / float64(passes), nil
+}

@@ -17,6 +17,8 @@ func newBenchEngineCmd() *cobra.Command {
 	var (
 		modelPath, profile string
 		threads, reps, ctx int
+		onlyRows           int
+		seconds            float64
 		asJSON, unified    bool
 	)
 	cmd := &cobra.Command{
@@ -32,12 +34,22 @@ func newBenchEngineCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := enginebench.Run(cmd.Context(), m, enginebench.Options{
+			opts := enginebench.Options{
 				Threads: threads, CtxTokens: ctx, Reps: reps, Unified: unified,
 				InsideDecode: func(c engine.Context) time.Duration {
 					return c.(*llamacpp.Context).LastDecodeInside()
 				},
-			})
+			}
+			if onlyRows > 0 {
+				ms, err := enginebench.Repeat(cmd.Context(), m, opts, onlyRows, time.Duration(seconds*float64(time.Second)))
+				stop()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d-row passes: %.2f ms each\n", onlyRows, ms)
+				return nil
+			}
+			res, err := enginebench.Run(cmd.Context(), m, opts)
 			stop()
 			if err != nil {
 				return err
@@ -67,5 +79,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.BoolVar(&unified, "unified", false, "one KV buffer for all sequences")
 	f.StringVar(&profile, "cpuprofile", "", "write a Go CPU profile")
+	f.IntVar(&onlyRows, "only-rows", 0, "only repeat passes of this many rows of one sequence (for perf record)")
+	f.Float64Var(&seconds, "seconds", 10, "how long --only-rows repeats")
 	return cmd
 }
