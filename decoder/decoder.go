@@ -82,7 +82,9 @@ type Options struct {
 	// of letting the cost model choose the length (for ablations).
 	NoCostModel bool
 	// VerifyTable holds measured verification costs (ms by batch rows) for
-	// the cost model; nil starts from relative units and learns online.
+	// the cost model, which refines it online; nil: New measures one with
+	// ProfileVerify (about a second on a 2-core CPU) when the cost model
+	// is on. Decoders of one model and thread count can share a table.
 	VerifyTable *spec.VerifyTable
 }
 
@@ -168,6 +170,13 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	d.next = make([]float32, d.vocab)
 	d.acc = spec.NewAcceptance(0.5)
 	table := opts.VerifyTable
+	if table == nil && opts.Spec.Enabled && !opts.NoCostModel {
+		rows := (max(opts.Spec.MaxDraft, opts.Spec.TreeBudget) + 1) * opts.MaxPassages
+		if table, err = ProfileVerify(context.Background(), c, rows, 2); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	if table == nil {
 		table = &spec.VerifyTable{}
 	}

@@ -400,3 +400,34 @@ func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, a.Tokens, e.Tokens, "another seed, another answer")
 }
+
+// TestShadowedDraftsTeachTheCostModel: on a model that avoids continuing
+// its context, drafts fail. The cost model learns that from drafts it never
+// verified (the shadow) as well as from those it did: the later answers
+// verify fewer drafts together than the first, and what it learned rests on more draft
+// tokens than it verified (without the shadow, decayed counts could only be
+// fewer).
+func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
+	contrarian := fake.Config{Seed: 5, Vocab: 300, Copy: -6, CallLatency: time.Millisecond, Latency: 200 * time.Microsecond}
+	_, plain := newFakeWith(t, contrarian, Options{})
+	_, fast := newFakeWith(t, contrarian, Options{Spec: spec.DefaultOptions()})
+	var verified uint64
+	var drafts []uint64
+	for i, q := range []string{"the lamp at dusk, the lamp at dawn", "tides rise and tides fall", "gulls nest, gulls fly"} {
+		req := Request{Query: q, Passages: threePassages[:2], MaxTokens: 60}
+		a, err := plain.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		b, err := fast.Generate(context.Background(), req, nil)
+		require.NoError(t, err)
+		assert.Equal(t, a.Tokens, b.Tokens)
+		verified += b.Spec.DraftedTokens
+		t.Logf("answer %d: %d steps, %+v", i, b.Steps, b.Spec)
+		drafts = append(drafts, b.Spec.Drafts)
+	}
+	assert.Less(t, drafts[1]+drafts[2], drafts[0], "drafts verified per answer %v", drafts)
+	var learned float64
+	for _, m := range []int{spec.MatchReuse, 0, 1, 2, 3, 5, 9, 17} { // one match length per bucket
+		learned += fast.acc.Attempts(m)
+	}
+	assert.Greater(t, learned, 1.5*float64(verified), "acceptance learned from %v draft tokens, %d of them verified", learned, verified)
+}

@@ -147,6 +147,9 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		return sampling.DrawU(probs, req.Sampling.Uniform(pos))
 	}
 	room := func() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
+	// While the cost model keeps drafts unverified, the shadow learns their
+	// acceptance from what plain decoding emits, at no cost.
+	var shadow spec.Shadow
 
 	for {
 		if room() <= 0 {
@@ -156,7 +159,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		var draft spec.Draft
 		plan := spec.Plan{}
 		if specOn && d.branches > 1 {
-			done, err := d.treeStep(ctx, &res, choose, decide, room())
+			done, err := d.treeStep(ctx, &res, &shadow, choose, decide, room())
 			if err != nil || done {
 				res.Text = text.String() + detok.Flush()
 				res.DecodeMS = sinceOr(decodeStart)
@@ -166,18 +169,17 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		}
 		if specOn {
 			draft = d.drafter.Draft()
-			avail := min(len(draft.Tokens), room()-1)
-			plan = d.cost.Choose(draft.MatchLen, avail)
-			if d.opts.NoCostModel && avail > 0 {
-				plan = d.cost.Plan(draft.MatchLen, avail)
-			} else if plan.Gamma == 0 && avail > 0 && d.acc.Attempts(draft.MatchLen) < exploreAttempts {
-				// Too little evidence in this match-length bucket for the
-				// cost model to judge it: try a short draft to learn α.
-				plan = d.cost.Plan(draft.MatchLen, min(avail, exploreGamma))
+			draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room()-1))]
+			plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
+			if d.opts.NoCostModel && len(draft.Tokens) > 0 {
+				plan = d.cost.Plan(draft.MatchLen, len(draft.Tokens))
 			}
 		}
 		stepStart := time.Now()
 		if plan.Gamma == 0 {
+			if specOn {
+				shadow.Offer(draft)
+			}
 			mix, err := d.Next(ctx)
 			if err != nil {
 				return res, err
@@ -189,6 +191,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			res.Steps++
 			d.Push(tok)
 			if specOn {
+				shadow.Emitted(d.acc, tok)
 				if err := d.drafter.Append(tok); err != nil {
 					return res, err
 				}
@@ -201,6 +204,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			}
 			continue
 		}
+		shadow.Reset()
 		toks := draft.Tokens[:plan.Gamma]
 		rows, err := d.Verify(ctx, toks)
 		if err != nil {
@@ -256,7 +260,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 // (with NoCostModel: as far as the candidates and the budget go), verified
 // in one batch, walked along the target's own choices. A tree of the root
 // alone is a plain decoding step.
-func (d *Decoder) treeStep(ctx context.Context, res *Result, choose func([]float32, int, []engine.Token) engine.Token,
+func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *spec.Shadow, choose func([]float32, int, []engine.Token) engine.Token,
 	decide func([]engine.Token) (bool, error), room int) (bool, error) {
 	var root engine.Token
 	if len(d.gen) > 0 {
@@ -274,11 +278,14 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, choose func([]float
 		tree = spec.BuildTree(src, root, cost, min(d.opts.Spec.TreeBudget, d.branches), depth)
 	}
 	plan := d.cost.PlanTree(tree, src.MatchLen)
-	if tree.Size() == 0 && room > 1 && d.acc.Attempts(src.MatchLen) < exploreAttempts {
-		// Too little evidence in this match-length bucket for the cost
-		// model to judge it: try the likeliest candidate to learn α.
-		tree = spec.BuildTree(src, root, free, exploreGamma, exploreGamma)
-		plan = d.cost.Plan(src.MatchLen, tree.Size())
+	if tree.Size() == 0 {
+		// The likeliest linear draft, shadowed: trees are weighed with
+		// the same per-bucket acceptance.
+		draft := d.drafter.Draft()
+		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1))]
+		shadow.Offer(draft)
+	} else {
+		shadow.Reset()
 	}
 	start := time.Now()
 	var (
@@ -318,6 +325,9 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, choose func([]float
 		d.stats.RecordTree(tree, v.Accepted)
 		res.Spec = d.stats
 	}
+	if tree.Size() == 0 {
+		shadow.Emitted(d.acc, v.Emit...)
+	}
 	if err := d.drafter.Append(v.Emit...); err != nil {
 		return true, err
 	}
@@ -327,12 +337,6 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, choose func([]float
 	})
 	return decide(v.Emit)
 }
-
-// Exploration of match-length buckets the cost model has no evidence for.
-const (
-	exploreAttempts = 3
-	exploreGamma    = 1
-)
 
 func sinceOr(t time.Time) float64 {
 	if t.IsZero() {

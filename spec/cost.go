@@ -16,31 +16,47 @@ type VerifyTable struct {
 }
 
 type costPoint struct {
-	rows int
-	ms   float64
+	rows   int
+	ms     float64   // median of recent
+	recent []float64 // the last costWindow measurements, oldest first
 }
+
+// costWindow is how many recent measurements of a size its cost is the
+// median of: robust to the occasional pass a shared machine stalls (one
+// such pass in a moving average would inflate the one-row cost for many
+// steps and make drafts look cheap).
+const costWindow = 9
 
 // priorSlope: with fewer than two measurements, each extra row is assumed
 // to cost this fraction of a one-row pass. A placeholder until measured.
 const priorSlope = 0.2
 
-// Set records a measurement, replacing any at the same size.
+// Set records a measurement, replacing what the table held at that size.
 func (t *VerifyTable) Set(rows int, ms float64) {
 	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
 	if found {
-		t.pts[i].ms = ms
+		t.pts[i] = costPoint{rows: rows, ms: ms, recent: []float64{ms}}
 		return
 	}
-	t.pts = slices.Insert(t.pts, i, costPoint{rows, ms})
+	t.pts = slices.Insert(t.pts, i, costPoint{rows: rows, ms: ms, recent: []float64{ms}})
 }
 
-// Observe blends a new measurement into the table (moving average).
+// Observe adds a measurement: the size's cost becomes the median of its
+// last costWindow measurements.
 func (t *VerifyTable) Observe(rows int, ms float64) {
 	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
-	if found {
-		ms = 0.8*t.pts[i].ms + 0.2*ms
+	if !found {
+		t.Set(rows, ms)
+		return
 	}
-	t.Set(rows, ms)
+	p := &t.pts[i]
+	if len(p.recent) == costWindow {
+		p.recent = append(p.recent[:0], p.recent[1:]...)
+	}
+	p.recent = append(p.recent, ms)
+	sorted := slices.Sorted(slices.Values(p.recent))
+	n := len(sorted)
+	p.ms = (sorted[(n-1)/2] + sorted[n/2]) / 2
 }
 
 // At estimates the milliseconds of a pass of rows rows. Beyond the measured

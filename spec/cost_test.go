@@ -29,7 +29,18 @@ func TestVerifyTable(t *testing.T) {
 		require.InDelta(t, tc.want, tb.At(tc.rows), 1e-9, "rows %d", tc.rows)
 	}
 	tb.Observe(4, 22)
-	require.InDelta(t, 14, tb.At(4), 1e-9, "moving average 0.8·12 + 0.2·22")
+	require.InDelta(t, 17, tb.At(4), 1e-9, "median of 12 and 22")
+	tb.Observe(4, 100) // a stalled pass
+	require.InDelta(t, 22, tb.At(4), 1e-9, "median of 12, 22, 100")
+	tb.Observe(4, 13)
+	tb.Observe(4, 12)
+	require.InDelta(t, 13, tb.At(4), 1e-9, "the outlier no longer counts")
+	for range costWindow {
+		tb.Observe(4, 30)
+	}
+	require.InDelta(t, 30, tb.At(4), 1e-9, "only the last measurements count")
+	tb.Observe(6, 31) // a new size
+	require.InDelta(t, 31, tb.At(6), 1e-9)
 	tb.Set(16, 5) // noisy measurement: extrapolation never decreases
 	require.GreaterOrEqual(t, tb.At(32), 5.0)
 }

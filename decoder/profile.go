@@ -1,0 +1,77 @@
+package decoder
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/internal/timing"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+// profileSizes are the pass sizes (batch rows) the verification table is
+// measured at; the cost model interpolates between them.
+var profileSizes = []int{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}
+
+// profileContext is the context a profiled pass decodes after: about a
+// passage and a question.
+const profileContext = 96
+
+// ProfileVerify measures the verification table the cost model starts from
+// (Lever's profile of t_verify by batch rows): for each size up to maxRows,
+// the best of reps forward passes of that many rows of sequence 0 of c,
+// after profileContext tokens of context, all rows asking for logits. c
+// must hold nothing in sequence 0; it is left that way.
+//
+// The table matters because costs learned online only cover the sizes the
+// cost model happens to try. On a CPU where a second row costs as much as a
+// whole decode but later rows a third of that (docs/BENCHMARKS.md), a table
+// extrapolated from one- and two-row passes would price long drafts at
+// twice their cost and never try them.
+func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*spec.VerifyTable, error) {
+	opts := c.Options()
+	limit := min(maxRows, opts.CtxPerSeq-profileContext)
+	if opts.BatchSize > 0 {
+		limit = min(limit, opts.BatchSize)
+	}
+	if limit < 1 || reps < 1 {
+		return nil, fmt.Errorf("decoder: %w: profile up to %d rows (context %d) with %d repetitions", engine.ErrInvalidInput, maxRows, opts.CtxPerSeq, reps)
+	}
+	vocab := c.VocabSize()
+	tok := func(i int) engine.Token { return engine.Token((i*7919 + 11) % vocab) }
+	filler := make([]engine.Token, profileContext)
+	for i := range filler {
+		filler[i] = tok(i)
+	}
+	b, err := engine.Prefill(ctx, c, 0, filler, nil)
+	if err != nil {
+		return nil, fmt.Errorf("decoder: profile: %w", err)
+	}
+	defer c.Truncate(0, 0)
+	table := &spec.VerifyTable{}
+	for _, rows := range profileSizes {
+		if rows > limit {
+			break
+		}
+		best := time.Duration(-1)
+		for range reps {
+			b.Reset()
+			for j := range rows {
+				b.Add(tok(profileContext+j), profileContext+j, true, 0)
+			}
+			start := time.Now()
+			if err := c.Decode(ctx, b); err != nil {
+				return nil, fmt.Errorf("decoder: profile %d rows: %w", rows, err)
+			}
+			if d := time.Since(start); best < 0 || d < best {
+				best = d
+			}
+			if err := c.Truncate(0, profileContext); err != nil {
+				return nil, fmt.Errorf("decoder: profile: %w", err)
+			}
+		}
+		table.Set(rows, timing.MS(best))
+	}
+	return table, nil
+}

@@ -1,0 +1,59 @@
+package decoder
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/fake"
+	"github.com/dragon-rag/dragon/spec"
+)
+
+func TestProfileVerify(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 1, Vocab: 300, CallLatency: time.Millisecond, Latency: 500 * time.Microsecond})
+	c, err := m.NewContext(engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 2, BatchSize: 128})
+	require.NoError(t, err)
+	defer c.Close()
+
+	table, err := ProfileVerify(context.Background(), c, 20, 2)
+	require.NoError(t, err)
+	assert.Zero(t, c.SeqLen(0), "sequence 0 is left empty")
+	// The fake sleeps 1 ms per call and 0.5 ms per row: 16 rows cost well
+	// over twice one row (sleeps only ever run long, so no upper bound).
+	one, sixteen := table.At(1), table.At(16)
+	assert.GreaterOrEqual(t, one, 1.5)
+	assert.Greater(t, sixteen, 2*one)
+
+	for _, tc := range []struct{ rows, reps int }{{0, 2}, {8, 0}} {
+		_, err := ProfileVerify(context.Background(), c, tc.rows, tc.reps)
+		assert.ErrorIs(t, err, engine.ErrInvalidInput, "rows %d reps %d", tc.rows, tc.reps)
+	}
+	small, err := m.NewContext(engine.ContextOptions{CtxPerSeq: profileContext, MaxSeqs: 1})
+	require.NoError(t, err)
+	defer small.Close()
+	_, err = ProfileVerify(context.Background(), small, 8, 1)
+	assert.ErrorIs(t, err, engine.ErrInvalidInput, "no room after the profile's context")
+}
+
+func TestNewProfilesOnlyForTheCostModel(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 1, Vocab: 300})
+	for _, tc := range []struct {
+		name     string
+		opts     Options
+		measured bool
+	}{
+		{"plain", Options{}, false},
+		{"cost model", Options{Spec: spec.DefaultOptions()}, true},
+		{"every draft verified", Options{Spec: spec.DefaultOptions(), NoCostModel: true}, false},
+	} {
+		d, err := New(m, tc.opts)
+		require.NoError(t, err, tc.name)
+		// An unmeasured table answers in relative units: one row costs 1.
+		assert.Equal(t, tc.measured, d.cost.Verify.At(1) != 1, tc.name)
+		d.Close()
+	}
+}
