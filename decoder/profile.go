@@ -15,14 +15,15 @@ import (
 var profileSizes = []int{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128}
 
 // profileContext is the context a profiled pass decodes after: about a
-// passage and a question.
+// passage and a question (at most half of a small context).
 const profileContext = 96
 
 // ProfileVerify measures the verification table the cost model starts from
 // (Lever's profile of t_verify by batch rows): for each size up to maxRows,
 // the best of reps forward passes of that many rows of sequence 0 of c,
-// after profileContext tokens of context, all rows asking for logits. c
-// must hold nothing in sequence 0; it is left that way.
+// after profileContext tokens of context, all rows asking for logits, as
+// far as the context has room. c must hold nothing in sequence 0; it is
+// left that way.
 //
 // The table matters because costs learned online only cover the sizes the
 // cost model happens to try. On a CPU where a second row costs as much as a
@@ -31,16 +32,17 @@ const profileContext = 96
 // twice their cost and never try them.
 func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*spec.VerifyTable, error) {
 	opts := c.Options()
-	limit := min(maxRows, opts.CtxPerSeq-profileContext)
+	held := min(profileContext, opts.CtxPerSeq/2) // small contexts: half for the context
+	limit := min(maxRows, opts.CtxPerSeq-held)
 	if opts.BatchSize > 0 {
 		limit = min(limit, opts.BatchSize)
 	}
-	if limit < 1 || reps < 1 {
+	if held < 1 || limit < 1 || reps < 1 {
 		return nil, fmt.Errorf("decoder: %w: profile up to %d rows (context %d) with %d repetitions", engine.ErrInvalidInput, maxRows, opts.CtxPerSeq, reps)
 	}
 	vocab := c.VocabSize()
 	tok := func(i int) engine.Token { return engine.Token((i*7919 + 11) % vocab) }
-	filler := make([]engine.Token, profileContext)
+	filler := make([]engine.Token, held)
 	for i := range filler {
 		filler[i] = tok(i)
 	}
@@ -58,7 +60,7 @@ func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*s
 		for range reps {
 			b.Reset()
 			for j := range rows {
-				b.Add(tok(profileContext+j), profileContext+j, true, 0)
+				b.Add(tok(held+j), held+j, true, 0)
 			}
 			start := time.Now()
 			if err := c.Decode(ctx, b); err != nil {
@@ -67,7 +69,7 @@ func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*s
 			if d := time.Since(start); best < 0 || d < best {
 				best = d
 			}
-			if err := c.Truncate(0, profileContext); err != nil {
+			if err := c.Truncate(0, held); err != nil {
 				return nil, fmt.Errorf("decoder: profile: %w", err)
 			}
 		}

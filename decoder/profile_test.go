@@ -32,11 +32,14 @@ func TestProfileVerify(t *testing.T) {
 		_, err := ProfileVerify(context.Background(), c, tc.rows, tc.reps)
 		assert.ErrorIs(t, err, engine.ErrInvalidInput, "rows %d reps %d", tc.rows, tc.reps)
 	}
-	small, err := m.NewContext(engine.ContextOptions{CtxPerSeq: profileContext, MaxSeqs: 1})
+	// A small context is profiled as far as it has room.
+	small, err := m.NewContext(engine.ContextOptions{CtxPerSeq: 16, MaxSeqs: 1})
 	require.NoError(t, err)
 	defer small.Close()
-	_, err = ProfileVerify(context.Background(), small, 8, 1)
-	assert.ErrorIs(t, err, engine.ErrInvalidInput, "no room after the profile's context")
+	table, err = ProfileVerify(context.Background(), small, 64, 1)
+	require.NoError(t, err)
+	assert.Greater(t, table.At(8), table.At(1))
+	assert.Zero(t, small.SeqLen(0))
 }
 
 func TestNewProfilesOnlyForTheCostModel(t *testing.T) {
@@ -49,6 +52,7 @@ func TestNewProfilesOnlyForTheCostModel(t *testing.T) {
 		{"plain", Options{}, false},
 		{"cost model", Options{Spec: spec.DefaultOptions()}, true},
 		{"every draft verified", Options{Spec: spec.DefaultOptions(), NoCostModel: true}, false},
+		{"cost model, small context", Options{Spec: spec.DefaultOptions(), CtxPerSeq: 24}, true},
 	} {
 		d, err := New(m, tc.opts)
 		require.NoError(t, err, tc.name)
