@@ -43,6 +43,10 @@ type Row struct {
 	TokS         float64 `json:"tok_s"`
 	Speedup      float64 `json:"speedup"`
 	MeanAccepted float64 `json:"mean_accepted"`
+	// TokensPerPass is tokens emitted per forward pass after the first
+	// token: what speculation could gain if a pass cost no more than a
+	// one-token decode.
+	TokensPerPass float64 `json:"tokens_per_pass"`
 	// PrefillMS is the median prefill: calibration asks llama.cpp for the
 	// logits of every prompt row, which this shows the cost of.
 	PrefillMS float64 `json:"prefill_ms"`
@@ -61,6 +65,7 @@ type Options struct {
 
 type run struct {
 	tokens    int
+	steps     int
 	ms        float64
 	prefillMS float64
 	stats     spec.Stats
@@ -72,7 +77,7 @@ func generateOne(ctx context.Context, d *decoder.Decoder, p promptset.Prompt, ma
 	if err != nil {
 		return run{}, fmt.Errorf("specbench: %q: %w", p.Query, err)
 	}
-	return run{tokens: len(r.Tokens), ms: r.DecodeMS, prefillMS: r.PrefillMS, stats: r.Spec, out: r.Tokens}, nil
+	return run{tokens: len(r.Tokens), steps: r.Steps, ms: r.DecodeMS, prefillMS: r.PrefillMS, stats: r.Spec, out: r.Tokens}, nil
 }
 
 // sideBySide runs each prompt on a then b, so that both see the same
@@ -106,6 +111,19 @@ func tokS(rs []run) float64 {
 		return 0
 	}
 	return n / (ms / 1000)
+}
+
+// tokensPerPass is tokens after the first per forward pass after prefill.
+func tokensPerPass(rs []run) float64 {
+	var n, passes int
+	for _, r := range rs {
+		n += max(r.tokens-1, 0)
+		passes += r.steps
+	}
+	if passes == 0 {
+		return 0
+	}
+	return float64(n) / float64(passes)
 }
 
 func sum(rs []run) spec.Stats {
@@ -222,7 +240,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		}
 		t := tokS(rs)
 		res.Ablation = append(res.Ablation, Row{
-			Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(),
+			Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(), TokensPerPass: tokensPerPass(rs),
 			PrefillMS: medianPrefill(rs), Note: r.note,
 		})
 	}
