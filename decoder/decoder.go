@@ -84,7 +84,8 @@ type Options struct {
 	// VerifyTable holds measured verification costs (ms by batch rows) for
 	// the cost model, which refines it online; nil: New measures one with
 	// ProfileVerify (about a second on a 2-core CPU) when the cost model
-	// is on. Decoders of one model and thread count can share a table.
+	// is on. The decoder updates the table: decoders that run at the same
+	// time need tables of their own.
 	VerifyTable *spec.VerifyTable
 }
 
