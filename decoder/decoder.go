@@ -398,10 +398,7 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 		// Nothing pending: the first row is the distribution already known.
 		copy(d.mixes[0], d.next)
 	}
-	type want struct {
-		seq, out, prow int // sequence, mixture index, prompt position (calibration)
-	}
-	var wants []want
+	var wants []rowWant
 	rows := 0
 	var calRows [][][]engine.TokenLogit
 	if calib != nil {
@@ -409,34 +406,9 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 	}
 	d.batch.Reset()
 	saved := append([]int(nil), d.held...)
-	flush := func() error {
-		if d.batch.Len() == 0 {
-			return nil
-		}
-		if err := d.ectx.Decode(ctx, &d.batch); err != nil {
-			return err
-		}
-		for row, w := range wants {
-			if w.out < 0 && w.prow < 0 {
-				continue
-			}
-			if w.prow >= 0 {
-				top, err := d.ectx.TopK(row, calibK, nil)
-				if err != nil {
-					return err
-				}
-				calRows[w.seq][w.prow] = top
-			}
-			if w.out < 0 {
-				continue
-			}
-			if err := d.mixRow(row, w.out, w.seq); err != nil {
-				return err
-			}
-		}
-		d.batch.Reset()
-		wants = wants[:0]
-		return nil
+	flush := func() (err error) {
+		wants, err = d.decodeBatch(ctx, wants, calRows)
+		return err
 	}
 	for s, prompt := range d.prompts {
 		start := d.held[s]
@@ -450,7 +422,7 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 		for pos := start; pos < full; pos++ {
 			tok := d.tokenAt(prompt, pos, draft)
 			out := nOut - (full - pos) // mixture index of this row's output
-			w := want{seq: s, out: out, prow: -1}
+			w := rowWant{seq: s, out: out, prow: -1}
 			if out < 0 || (!allRows && out != nOut-1) {
 				w.out = -1
 			}
@@ -498,6 +470,40 @@ func (d *Decoder) resetMixes(n int) {
 	for _, m := range d.mixes[:n] {
 		clear(m)
 	}
+}
+
+// rowWant is what one row of d.batch is for: its passage (seq), the
+// mixture its distribution joins (out; -1: none), and the prompt position
+// whose top-k calibration reads (prow; -1: none).
+type rowWant struct{ seq, out, prow int }
+
+// decodeBatch runs d.batch (nothing when empty), mixes each row into its
+// mixture, stores the top-k of calibration rows in calRows[seq][prow], and
+// returns wants emptied with the batch.
+func (d *Decoder) decodeBatch(ctx context.Context, wants []rowWant, calRows [][][]engine.TokenLogit) ([]rowWant, error) {
+	if d.batch.Len() == 0 {
+		return wants, nil
+	}
+	if err := d.ectx.Decode(ctx, &d.batch); err != nil {
+		return wants, err
+	}
+	for row, w := range wants {
+		if w.prow >= 0 {
+			top, err := d.ectx.TopK(row, calibK, nil)
+			if err != nil {
+				return wants, err
+			}
+			calRows[w.seq][w.prow] = top
+		}
+		if w.out < 0 {
+			continue
+		}
+		if err := d.mixRow(row, w.out, w.seq); err != nil {
+			return wants, err
+		}
+	}
+	d.batch.Reset()
+	return wants[:0], nil
 }
 
 // mixRow adds batch row row's next-token distribution, weighted by passage

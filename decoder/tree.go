@@ -65,29 +65,13 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 		return d.undo(saved, err)
 	}
 
-	type want struct{ seq, out int }
-	var wants []want
+	var wants []rowWant
 	d.batch.Reset()
-	flush := func() error {
-		if d.batch.Len() == 0 {
-			return nil
-		}
-		if err := d.ectx.Decode(ctx, &d.batch); err != nil {
-			return err
-		}
-		for row, w := range wants {
-			if w.out < 0 {
-				continue
-			}
-			if err := d.mixRow(row, w.out, w.seq); err != nil {
-				return err
-			}
-		}
-		d.batch.Reset()
-		wants = wants[:0]
-		return nil
+	flush := func() (err error) {
+		wants, err = d.decodeBatch(ctx, wants, nil)
+		return err
 	}
-	add := func(w want, tok engine.Token, pos int, seqs []int) error {
+	add := func(w rowWant, tok engine.Token, pos int, seqs []int) error {
 		d.batch.Add(tok, pos, w.out >= 0, seqs...)
 		wants = append(wants, w)
 		if d.batch.Len() >= d.opts.BatchSize {
@@ -115,7 +99,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 			if pos == base-1 {
 				out = 0
 			}
-			if err := add(want{s, out}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
+			if err := add(rowWant{s, out, -1}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
 				return nil, undo(err)
 			}
 		}
@@ -124,7 +108,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 			for j, b := range node.Branches {
 				seqs[j] = all[b]
 			}
-			if err := add(want{s, i + 1}, node.Token, base+node.Depth-1, seqs); err != nil {
+			if err := add(rowWant{s, i + 1, -1}, node.Token, base+node.Depth-1, seqs); err != nil {
 				return nil, undo(err)
 			}
 		}
