@@ -19,7 +19,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/internal/vecmath"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 // Mode is how passages enter the model.
@@ -77,7 +77,7 @@ type Options struct {
 	RescoreEvery int
 	Rescore      func(ctx context.Context, text string, passages []Passage) ([]float64, error)
 	// Spec configures local speculative decoding (Generate only).
-	Spec spec.Options
+	Spec specdec.Options
 	// NoCostModel verifies every draft the drafter offers, whole, instead
 	// of letting the cost model choose the length (for ablations).
 	NoCostModel bool
@@ -86,7 +86,7 @@ type Options struct {
 	// ProfileVerify (about a second on a 2-core CPU) when the cost model
 	// is on. The decoder updates the table: decoders that run at the same
 	// time need tables of their own.
-	VerifyTable *spec.VerifyTable
+	VerifyTable *specdec.VerifyTable
 }
 
 // DefaultSystem asks the model to answer from the passage.
@@ -133,10 +133,10 @@ type Decoder struct {
 	logits []float32
 	mixes  [][]float32
 
-	drafter *spec.Drafter
-	acc     *spec.Acceptance
-	cost    *spec.CostModel
-	stats   spec.Stats
+	drafter *specdec.Drafter
+	acc     *specdec.Acceptance
+	cost    *specdec.CostModel
+	stats   specdec.Stats
 }
 
 // New creates a decoder and its engine context.
@@ -169,7 +169,7 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches}
 	d.logits = make([]float32, d.vocab)
 	d.next = make([]float32, d.vocab)
-	d.acc = spec.NewAcceptance(0.5)
+	d.acc = specdec.NewAcceptance(0.5)
 	table := opts.VerifyTable
 	if table == nil && opts.Spec.Enabled && !opts.NoCostModel {
 		rows := (max(opts.Spec.MaxDraft, opts.Spec.TreeBudget) + 1) * opts.MaxPassages
@@ -179,9 +179,9 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 		}
 	}
 	if table == nil {
-		table = &spec.VerifyTable{}
+		table = &specdec.VerifyTable{}
 	}
-	d.cost = spec.NewCostModel(d.acc, table, max(opts.Spec.MaxDraft, 1))
+	d.cost = specdec.NewCostModel(d.acc, table, max(opts.Spec.MaxDraft, 1))
 	return d, nil
 }
 
@@ -272,7 +272,7 @@ func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, h
 	}
 	d.held = make([]int, len(d.prompts))
 	d.nextValid = false
-	d.stats = spec.Stats{}
+	d.stats = specdec.Stats{}
 	return d.forward(ctx, nil, false, calib)
 }
 

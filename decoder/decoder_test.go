@@ -12,7 +12,7 @@ import (
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/fake"
 	"github.com/dragon-rag/dragon/sampling"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 var threePassages = []Passage{
@@ -186,17 +186,17 @@ func TestVerifyCommitEqualsStepByStep(t *testing.T) {
 
 // specVariant is one way Generate drafts.
 type specVariant struct {
-	spec   spec.Options
+	spec   specdec.Options
 	noCost bool // trees grown as far as the candidates go: branching is certain
 }
 
 // specVariants: linear drafts and token trees, under the cost model (whose
 // choices depend on measured times) and without it.
 func specVariants() map[string]specVariant {
-	tree := spec.DefaultOptions()
-	tree.TreeBudget = spec.DefaultTreeBudget
+	tree := specdec.DefaultOptions()
+	tree.TreeBudget = specdec.DefaultTreeBudget
 	return map[string]specVariant{
-		"linear":           {spec: spec.DefaultOptions()},
+		"linear":           {spec: specdec.DefaultOptions()},
 		"tree":             {spec: tree},
 		"tree, every node": {spec: tree, noCost: true},
 	}
@@ -240,7 +240,7 @@ func TestVerifyTreeEqualsStepByStep(t *testing.T) {
 	//        T ─ h ─ e
 	//          │   └ a ─ t
 	//          └ o
-	tree := spec.NewTree(b('T'))
+	tree := specdec.NewTree(b('T'))
 	h := tree.Add(0, b('h'), 0.5)
 	tree.Add(h, b('e'), 0.4)
 	a := tree.Add(h, b('a'), 0.2)
@@ -264,7 +264,7 @@ func TestVerifyTreeEqualsStepByStep(t *testing.T) {
 
 	// The target took h then a, then corrected to x: branch "T h a t" keeps
 	// two nodes, and it is not branch 0.
-	v := spec.TreeVerdict{Verdict: spec.Verdict{Accepted: 2, Attempted: 3, Emit: []engine.Token{b('h'), b('a'), b('x')}}, Path: []int{h, a}, Branch: 1}
+	v := specdec.TreeVerdict{Verdict: specdec.Verdict{Accepted: 2, Attempted: 3, Emit: []engine.Token{b('h'), b('a'), b('x')}}, Path: []int{h, a}, Branch: 1}
 	require.Equal(t, []int{h, a}, tree.Path(tree.Leaves[1])[:2], "branch 1 runs through h and a")
 	require.NoError(t, d.CommitTree(tree, v))
 	_, ref := newFake(t, Options{})
@@ -284,7 +284,7 @@ func TestVerifyTreeEqualsStepByStep(t *testing.T) {
 	assert.InDeltaSlice(t, want, got, 1e-6)
 
 	// Bad verdicts and trees are refused.
-	assert.Error(t, d.CommitTree(tree, spec.TreeVerdict{Verdict: spec.Verdict{Accepted: 1, Emit: []engine.Token{1}}, Path: []int{h}}))
+	assert.Error(t, d.CommitTree(tree, specdec.TreeVerdict{Verdict: specdec.Verdict{Accepted: 1, Emit: []engine.Token{1}}, Path: []int{h}}))
 	_, linear := newFake(t, Options{Spec: specVariants()["linear"].spec})
 	require.NoError(t, linear.Begin(ctx, "q?", threePassages, nil))
 	_, err = linear.VerifyTree(ctx, tree)
@@ -410,7 +410,7 @@ func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
 func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
 	contrarian := fake.Config{Seed: 5, Vocab: 300, Copy: -6, CallLatency: time.Millisecond, Latency: 200 * time.Microsecond}
 	_, plain := newFakeWith(t, contrarian, Options{})
-	_, fast := newFakeWith(t, contrarian, Options{Spec: spec.DefaultOptions()})
+	_, fast := newFakeWith(t, contrarian, Options{Spec: specdec.DefaultOptions()})
 	var verified uint64
 	var drafts []uint64
 	for i, q := range []string{"the lamp at dusk, the lamp at dawn", "tides rise and tides fall", "gulls nest, gulls fly"} {
@@ -426,7 +426,7 @@ func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
 	}
 	assert.Less(t, drafts[1]+drafts[2], drafts[0], "drafts verified per answer %v", drafts)
 	var learned float64
-	for _, m := range []int{spec.MatchReuse, 0, 1, 2, 3, 5, 9, 17} { // one match length per bucket
+	for _, m := range []int{specdec.MatchReuse, 0, 1, 2, 3, 5, 9, 17} { // one match length per bucket
 		learned += fast.acc.Attempts(m)
 	}
 	assert.Greater(t, learned, 1.5*float64(verified), "acceptance learned from %v draft tokens, %d of them verified", learned, verified)

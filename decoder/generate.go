@@ -10,7 +10,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/sampling"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 // Request is one local generation.
@@ -31,7 +31,7 @@ type Result struct {
 	TTFTMS    float64 // Begin + first token decided
 	DecodeMS  float64 // after the first token
 	Steps     int     // forward passes after the prefill
-	Spec      spec.Stats
+	Spec      specdec.Stats
 }
 
 // TokensPerSecond is the decode throughput after the first token.
@@ -61,7 +61,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		// query); calibration hangs the model's own top successors, read
 		// from the prefill, off their positions.
 		var err error
-		if d.drafter, err = spec.NewDrafter(d.opts.Spec, d.acc); err != nil {
+		if d.drafter, err = specdec.NewDrafter(d.opts.Spec, d.acc); err != nil {
 			return res, err
 		}
 		if d.opts.Spec.Calibration {
@@ -149,15 +149,15 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	room := func() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
 	// While the cost model keeps drafts unverified, the shadow learns their
 	// acceptance from what plain decoding emits, at no cost.
-	var shadow spec.Shadow
+	var shadow specdec.Shadow
 
 	for {
 		if room() <= 0 {
 			res.Stopped = "context"
 			break
 		}
-		var draft spec.Draft
-		plan := spec.Plan{}
+		var draft specdec.Draft
+		plan := specdec.Plan{}
 		if specOn && d.branches > 1 {
 			done, err := d.treeStep(ctx, &res, &shadow, choose, decide, room())
 			if err != nil || done {
@@ -186,7 +186,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			}
 			tok := choose(mix, len(d.gen), d.gen)
 			if specOn {
-				d.cost.Observe(plan, spec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
+				d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
 			}
 			res.Steps++
 			d.Push(tok)
@@ -225,7 +225,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 				hist = append(hist[:len(hist):len(hist)], toks[i])
 			}
 		}
-		v, err := spec.VerifyGreedy(toks, chosen)
+		v, err := specdec.VerifyGreedy(toks, chosen)
 		if err != nil {
 			return res, err
 		}
@@ -237,11 +237,11 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		if err := d.drafter.Append(v.Emit...); err != nil {
 			return res, err
 		}
-		d.cost.Observe(plan, spec.Outcome{
+		d.cost.Observe(plan, specdec.Outcome{
 			Accepted: v.Accepted, Attempted: v.Attempted,
 			Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
 		})
-		d.stats.Record(len(toks), v.Accepted, draft.MatchLen == spec.MatchReuse)
+		d.stats.Record(len(toks), v.Accepted, draft.MatchLen == specdec.MatchReuse)
 		res.Spec = d.stats
 		done, err := decide(v.Emit)
 		if err != nil || done {
@@ -260,14 +260,14 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 // (with NoCostModel: as far as the candidates and the budget go), verified
 // in one batch, walked along the target's own choices. A tree of the root
 // alone is a plain decoding step.
-func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *spec.Shadow, choose func([]float32, int, []engine.Token) engine.Token,
+func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *specdec.Shadow, choose func([]float32, int, []engine.Token) engine.Token,
 	decide func([]engine.Token) (bool, error), room int) (bool, error) {
 	var root engine.Token
 	if len(d.gen) > 0 {
 		root = d.gen[len(d.gen)-1]
 	}
 	src := d.drafter.TreeSource()
-	tree := spec.NewTree(root)
+	tree := specdec.NewTree(root)
 	tree.Finish()
 	free := func(int, int) float64 { return 1 } // grows a tree as far as the candidates go
 	if depth := min(d.opts.Spec.MaxDraft, room-1); depth > 0 {
@@ -275,7 +275,7 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *spec.Shadow
 		if d.opts.NoCostModel {
 			cost = free
 		}
-		tree = spec.BuildTree(src, root, cost, min(d.opts.Spec.TreeBudget, d.branches), depth)
+		tree = specdec.BuildTree(src, root, cost, min(d.opts.Spec.TreeBudget, d.branches), depth)
 	}
 	plan := d.cost.PlanTree(tree, src.MatchLen)
 	if tree.Size() == 0 {
@@ -331,7 +331,7 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *spec.Shadow
 	if err := d.drafter.Append(v.Emit...); err != nil {
 		return true, err
 	}
-	d.cost.Observe(plan, spec.Outcome{
+	d.cost.Observe(plan, specdec.Outcome{
 		Accepted: v.Accepted, Attempted: v.Attempted,
 		Rows: len(rows) * len(d.prompts), Seqs: len(tree.Leaves) * len(d.prompts), VerifyMs: verifyMS,
 	})
@@ -348,9 +348,9 @@ func sinceOr(t time.Time) float64 {
 // calibrate feeds the drafter with a prompt and its prefill top-k rows.
 func (d *Decoder) calibrate(seq int, rows [][]engine.TokenLogit) error {
 	id := d.drafter.AddDocument(d.prompts[seq])
-	succ := make([][]spec.Successor, len(rows))
+	succ := make([][]specdec.Successor, len(rows))
 	for i, r := range rows {
-		succ[i] = spec.SuccessorsFromTopK(r, nil)
+		succ[i] = specdec.SuccessorsFromTopK(r, nil)
 	}
 	if _, err := d.drafter.Calibrate(id, succ); err != nil {
 		return fmt.Errorf("decoder: calibrate: %w", err)
@@ -381,4 +381,4 @@ func matchStop(text string, stops []string) int {
 }
 
 // CostLog is the cost model's predicted-vs-measured throughput log.
-func (d *Decoder) CostLog() *spec.PredictionLog { return &d.cost.Log }
+func (d *Decoder) CostLog() *specdec.PredictionLog { return &d.cost.Log }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/internal/timing"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 // profileSizes are the pass sizes (batch rows) the verification table is
@@ -30,7 +30,7 @@ const profileContext = 96
 // whole decode but later rows a third of that (docs/BENCHMARKS.md), a table
 // extrapolated from one- and two-row passes would price long drafts at
 // twice their cost and never try them.
-func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*spec.VerifyTable, error) {
+func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*specdec.VerifyTable, error) {
 	opts := c.Options()
 	held := min(profileContext, opts.CtxPerSeq/2) // small contexts: half for the context
 	limit := min(maxRows, opts.CtxPerSeq-held)
@@ -51,7 +51,7 @@ func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*s
 		return nil, fmt.Errorf("decoder: profile: %w", err)
 	}
 	defer c.Truncate(0, 0)
-	table := &spec.VerifyTable{}
+	table := &specdec.VerifyTable{}
 	for _, rows := range profileSizes {
 		if rows > limit {
 			break

@@ -10,7 +10,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/fake"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 func TestProfileVerify(t *testing.T) {
@@ -50,9 +50,9 @@ func TestNewProfilesOnlyForTheCostModel(t *testing.T) {
 		measured bool
 	}{
 		{"plain", Options{}, false},
-		{"cost model", Options{Spec: spec.DefaultOptions()}, true},
-		{"every draft verified", Options{Spec: spec.DefaultOptions(), NoCostModel: true}, false},
-		{"cost model, small context", Options{Spec: spec.DefaultOptions(), CtxPerSeq: 24}, true},
+		{"cost model", Options{Spec: specdec.DefaultOptions()}, true},
+		{"every draft verified", Options{Spec: specdec.DefaultOptions(), NoCostModel: true}, false},
+		{"cost model, small context", Options{Spec: specdec.DefaultOptions(), CtxPerSeq: 24}, true},
 	} {
 		d, err := New(m, tc.opts)
 		require.NoError(t, err, tc.name)

@@ -9,12 +9,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/internal/testmodel"
-	"github.com/dragon-rag/dragon/promptset"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 func TestMain(m *testing.M) {
@@ -39,7 +39,7 @@ func TestRealSpeculativeGreedyIsPlainGreedy(t *testing.T) {
 		// Every draft verified whole: on this CPU the cost model would
 		// verify few drafts with one passage, and each verification is
 		// what this test checks.
-		fast, err := decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Spec: spec.DefaultOptions(), NoCostModel: true})
+		fast, err := decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Spec: specdec.DefaultOptions(), NoCostModel: true})
 		require.NoError(t, err)
 		var accepted uint64
 		for i, p := range prompts {
@@ -79,8 +79,8 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 	require.NoError(t, err)
 	defer m.Close()
 	ctx := context.Background()
-	trees := spec.DefaultOptions()
-	trees.TreeBudget = spec.DefaultTreeBudget
+	trees := specdec.DefaultOptions()
+	trees.TreeBudget = specdec.DefaultTreeBudget
 	tok := func(s string) engine.Token {
 		toks, err := m.Tokenize(s, false, false)
 		require.NoError(t, err)
@@ -98,7 +98,7 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 	//       │        └ was
 	//       └ report
 	first := tok(" The")
-	tree := spec.NewTree(first)
+	tree := specdec.NewTree(first)
 	answer := tree.Add(0, tok(" answer"), 0.5)
 	tree.Add(answer, tok(" is"), 0.3)
 	was := tree.Add(answer, tok(" was"), 0.2)
@@ -127,7 +127,7 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 			path := tree.Path(end)
 			branch := tree.Nodes[end].Branches[0]
 			emit := append(tree.Tokens(path), corr)
-			v := spec.TreeVerdict{Verdict: spec.Verdict{Accepted: len(path), Attempted: len(path) + 1, Emit: emit}, Path: path, Branch: branch}
+			v := specdec.TreeVerdict{Verdict: specdec.Verdict{Accepted: len(path), Attempted: len(path) + 1, Emit: emit}, Path: path, Branch: branch}
 			require.NoError(t, d.CommitTree(tree, v))
 			got, err := d.Next(ctx)
 			require.NoError(t, err)

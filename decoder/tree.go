@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/dragon-rag/dragon/engine"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 // Token trees (Lever §B2(a)). Passage s decodes branch 0 of a tree on its
@@ -31,7 +31,7 @@ func (d *Decoder) branchSeq(s, b int) int {
 // p^s after node i's path (rows[0]: after the pending tokens, tree.Nodes[0]
 // standing for the last of them). Follow it with CommitTree. The rows are
 // owned by the decoder until the next Verify or VerifyTree.
-func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32, error) {
+func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float32, error) {
 	switch {
 	case d.branches <= 1:
 		return nil, fmt.Errorf("decoder: %w: token trees are off (Spec.TreeBudget ≤ 1)", engine.ErrInvalidInput)
@@ -126,7 +126,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *spec.Tree) ([][]float32,
 // CommitTree records the outcome v of a VerifyTree: the accepted path stays
 // in every passage's own sequence, v.Emit joins the answer, and every other
 // node is removed, with the branch sequences.
-func (d *Decoder) CommitTree(tree *spec.Tree, v spec.TreeVerdict) error {
+func (d *Decoder) CommitTree(tree *specdec.Tree, v specdec.TreeVerdict) error {
 	a := v.Accepted
 	if a < 0 || len(v.Path) != a || len(v.Emit) != a+1 || v.Branch < 0 || v.Branch >= len(tree.Leaves) {
 		return fmt.Errorf("decoder: %w: tree commit of %d accepted, %d emitted, branch %d of %d", engine.ErrInvalidInput, a, len(v.Emit), v.Branch, len(tree.Leaves))

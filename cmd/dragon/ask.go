@@ -7,13 +7,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dragon-rag/dragon/bench/nodebench"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
-	"github.com/dragon-rag/dragon/nodebench"
 	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/sampling"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 func init() { commands = append(commands, newAskCmd) }
@@ -89,7 +89,7 @@ func newAskCmd() *cobra.Command {
 			}
 			opts := decoder.Options{MaxPassages: max(k, 1), CtxPerSeq: 1024, Threads: threads, Mode: agg}
 			if !noSpec {
-				opts.Spec = spec.DefaultOptions()
+				opts.Spec = specdec.DefaultOptions()
 				opts.Spec.TreeBudget = treeBudget
 			}
 			d, err := decoder.New(m, opts)

@@ -5,11 +5,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/codec"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
-	"github.com/dragon-rag/dragon/promptset"
 	"github.com/dragon-rag/dragon/sampling"
 )
 

@@ -6,9 +6,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dragon-rag/dragon/bench/enginebench"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
-	"github.com/dragon-rag/dragon/enginebench"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchEngineCmd) }

@@ -7,9 +7,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/dragon-rag/dragon/bench/nodebench"
+	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
-	"github.com/dragon-rag/dragon/nodebench"
-	"github.com/dragon-rag/dragon/promptset"
 	"github.com/dragon-rag/dragon/retrieval"
 )
 

@@ -3,9 +3,9 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/bench/specbench"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
-	"github.com/dragon-rag/dragon/promptset"
-	"github.com/dragon-rag/dragon/specbench"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchSpecCmd) }

@@ -1,4 +1,4 @@
-// Package spec is local speculative decoding for one side's decoder: drafts
+// Package specdec is local speculative decoding for one side's decoder: drafts
 // taken from the context itself (sd.npu), made by a suffix automaton over
 // the prompt, the retrieved passages, calibrated model predictions, the
 // answer so far and earlier answers; lossless verification, greedy or
@@ -22,7 +22,7 @@
 //	// remove the last v.Rollback positions of each sequence
 //	drafter.Verified(draft, argmax)
 //	drafter.Append(v.Emit...) // v.Emit[len-1] is the next pending token
-//	model.Observe(plan, spec.Outcome{Accepted: v.Accepted, Attempted: v.Attempted, ...})
+//	model.Observe(plan, specdec.Outcome{Accepted: v.Accepted, Attempted: v.Attempted, ...})
 //	stats.Record(len(draft), v.Accepted, dr.MatchLen == spec.MatchReuse)
 //
 // A tree step replaces the first three lines with
@@ -34,4 +34,4 @@
 // decodes node i as row i at position p+Depth with the sequence ids of its
 // Branches, verifies with tree.VerifyGreedy or tree.VerifySample, keeps the
 // sequence of the verdict's Branch, and reports with VerifiedTree.
-package spec
+package specdec

@@ -10,11 +10,11 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/internal/timing"
-	"github.com/dragon-rag/dragon/promptset"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 // Result is the JSON printed by `dragon bench spec`.
@@ -68,7 +68,7 @@ type run struct {
 	steps     int
 	ms        float64
 	prefillMS float64
-	stats     spec.Stats
+	stats     specdec.Stats
 	out       []engine.Token
 }
 
@@ -126,8 +126,8 @@ func tokensPerPass(rs []run) float64 {
 	return float64(n) / float64(passes)
 }
 
-func sum(rs []run) spec.Stats {
-	var s spec.Stats
+func sum(rs []run) specdec.Stats {
+	var s specdec.Stats
 	for _, r := range rs {
 		s.Steps += r.stats.Steps
 		s.Drafts += r.stats.Drafts
@@ -153,13 +153,13 @@ func identical(a, b []run) (int, []int) {
 
 // Run measures.
 func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
-	newDec := func(o spec.Options, noCost bool) (*decoder.Decoder, error) {
+	newDec := func(o specdec.Options, noCost bool) (*decoder.Decoder, error) {
 		return decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 1024, Threads: opts.Threads, Spec: o, NoCostModel: noCost})
 	}
-	full := spec.DefaultOptions()
+	full := specdec.DefaultOptions()
 
 	res := &Result{Prompts: len(opts.Prompts1), Threads: opts.Threads, MaxTokens: opts.MaxTokens}
-	plainDec, err := newDec(spec.Options{}, false)
+	plainDec, err := newDec(specdec.Options{}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -214,10 +214,10 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	reuse := calib
 	reuse.Reuse = true
 	trees := reuse
-	trees.TreeBudget = spec.DefaultTreeBudget
+	trees.TreeBudget = specdec.DefaultTreeBudget
 	rows := []struct {
 		name   string
-		o      spec.Options
+		o      specdec.Options
 		noCost bool
 		note   string
 	}{

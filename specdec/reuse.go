@@ -1,4 +1,4 @@
-package spec
+package specdec
 
 // ReuseSpan implements sd.npu Eq. 3: after the first mismatch e of a draft
 // (draft[e] ≠ argmax[e]), it returns the longest run [start, end), start >

@@ -1,4 +1,4 @@
-package spec
+package specdec
 
 // Shadow learns acceptance from drafts that were never verified. While the
 // cost model keeps speculation off, the decoder still asks the drafter for

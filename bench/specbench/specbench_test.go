@@ -7,10 +7,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine/fake"
-	"github.com/dragon-rag/dragon/promptset"
-	"github.com/dragon-rag/dragon/spec"
+	"github.com/dragon-rag/dragon/specdec"
 )
 
 func TestTokensPerPass(t *testing.T) {
@@ -19,7 +19,7 @@ func TestTokensPerPass(t *testing.T) {
 	plain, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 256})
 	require.NoError(t, err)
 	defer plain.Close()
-	fast, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 256, Spec: spec.DefaultOptions(), NoCostModel: true})
+	fast, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 256, Spec: specdec.DefaultOptions(), NoCostModel: true})
 	require.NoError(t, err)
 	defer fast.Close()
 
