@@ -1,7 +1,7 @@
 // Package wire holds what both daemons need around the dragon.v1 protocol:
 // the handshake check, gRPC server and client options (keepalive, message
-// size, TLS and mutual TLS, bearer tokens), status errors with clear
-// messages, and the epoch filter that drops stale drafts.
+// size, TLS and mutual TLS, bearer tokens) and status errors with clear
+// messages. Epochs and stale drafts belong to package aggregator.
 //
 // Everything here is either pure or builds options; nothing starts a
 // goroutine or opens a socket.

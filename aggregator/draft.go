@@ -1,0 +1,169 @@
+package aggregator
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/dragon-rag/dragon/codec"
+)
+
+// ErrProtocol marks a message that breaks the protocol: a draft from the
+// future, a gap in a side's drafts, a verdict for the wrong step, ... The
+// session that gets it ends with an error; test with errors.Is.
+var ErrProtocol = errors.New("aggregator: protocol violation")
+
+// Draft is one drafted token together with the distribution it was drawn
+// from. Only Propose (on the drafting side) and DecodeDraft (on the
+// receiving side, from the same bytes) make one, so the token always comes
+// from exactly the distribution the aggregator uses for its side.
+type Draft struct {
+	side    Side
+	step    uint64
+	epoch   uint32
+	token   int32
+	dist    codec.Sparse
+	logMass float64
+	payload []byte
+	// Meta is for the profiler; it does not take part in aggregation.
+	Meta Meta
+}
+
+// Meta is what a draft tells the profiler about how it was made.
+type Meta struct {
+	// DecodeMicros is the sender's decoding time per token of the forward
+	// pass that produced the draft.
+	DecodeMicros uint32
+	// Context is the length of the sender's longest sequence when it
+	// decoded the token (the t of c_dec(t), DRAGON §5.2).
+	Context uint32
+}
+
+// Side is the side that drafted.
+func (d *Draft) Side() Side { return d.side }
+
+// Step is the answer position of the token, from 0.
+func (d *Draft) Step() uint64 { return d.step }
+
+// Epoch is the drafting side's epoch when it drafted.
+func (d *Draft) Epoch() uint32 { return d.epoch }
+
+// Token is the drafted token.
+func (d *Draft) Token() int32 { return d.token }
+
+// Dist is the distribution the token was drawn from; callers must not
+// modify it.
+func (d *Draft) Dist() *codec.Sparse { return &d.dist }
+
+// LogMass is h̃ = logsumexp of the side's relevance scores (Appendix A.1);
+// -Inf for a side without passages.
+func (d *Draft) LogMass() float64 { return d.logMass }
+
+// Payload is Dist encoded by package codec: what travels on the wire.
+func (d *Draft) Payload() []byte { return d.payload }
+
+func (d *Draft) String() string {
+	return fmt.Sprintf("%v draft step %d epoch %d token %d", d.side, d.step, d.epoch, d.token)
+}
+
+// Proposer makes one side's drafts. It is not safe for concurrent use.
+type Proposer struct {
+	side   Side
+	seed   uint64
+	greedy bool
+	enc    *codec.Encoder
+	view   codec.Sparse
+}
+
+// NewProposer makes drafts for side: greedy ones (the most probable token)
+// or sampled ones (inverse CDF at DraftUniform(seed, side, step)), from
+// distributions compressed to their top-p set.
+func NewProposer(side Side, seed uint64, greedy bool, topP float64) (*Proposer, error) {
+	if !side.Valid() {
+		return nil, fmt.Errorf("aggregator: proposer for unknown side %v", side)
+	}
+	enc, err := codec.NewEncoder(topP)
+	if err != nil {
+		return nil, err
+	}
+	return &Proposer{side: side, seed: seed, greedy: greedy, enc: enc}, nil
+}
+
+// Propose drafts the token at step from probs, a full-vocabulary
+// probability vector: it encodes probs and draws the token from the encoded
+// view, which is the draft's distribution on both sides.
+func (p *Proposer) Propose(probs []float32, step uint64, epoch uint32, logMass float64) (Draft, error) {
+	if math.IsNaN(logMass) || math.IsInf(logMass, 1) {
+		return Draft{}, fmt.Errorf("aggregator: relevance mass %v", logMass)
+	}
+	payload, err := p.enc.Encode(nil, probs, codec.NoToken, &p.view)
+	if err != nil {
+		return Draft{}, fmt.Errorf("aggregator: encode the distribution of step %d: %w", step, err)
+	}
+	var tok int32
+	if p.greedy {
+		tok = argmax(&p.view)
+	} else {
+		tok = drawU(&p.view, DraftUniform(p.seed, p.side, step))
+	}
+	return Draft{side: p.side, step: step, epoch: epoch, token: tok, dist: p.view.Clone(), logMass: logMass, payload: payload}, nil
+}
+
+// WireDraft is a draft as it arrives from the peer.
+type WireDraft struct {
+	Side    Side
+	Step    uint64
+	Epoch   uint32
+	Token   int32
+	Payload []byte
+	LogMass float64
+	Meta    Meta
+}
+
+// DecodeDraft rebuilds a peer's draft from its wire form. A payload the
+// codec refuses, a token outside its own distribution or a malformed
+// relevance mass is a protocol violation.
+func DecodeDraft(dec *codec.Decoder, w WireDraft) (Draft, error) {
+	if !w.Side.Valid() {
+		return Draft{}, fmt.Errorf("%w: draft from unknown side %v", ErrProtocol, w.Side)
+	}
+	if math.IsNaN(w.LogMass) || math.IsInf(w.LogMass, 1) {
+		return Draft{}, fmt.Errorf("%w: %v draft for step %d has relevance mass %v", ErrProtocol, w.Side, w.Step, w.LogMass)
+	}
+	d := Draft{side: w.Side, step: w.Step, epoch: w.Epoch, token: w.Token, logMass: w.LogMass, payload: w.Payload, Meta: w.Meta}
+	if err := dec.Decode(w.Payload, &d.dist); err != nil {
+		return Draft{}, fmt.Errorf("%w: %v draft for step %d: %w", ErrProtocol, w.Side, w.Step, err)
+	}
+	if d.dist.Prob(w.Token) <= 0 {
+		return Draft{}, fmt.Errorf("%w: %v draft for step %d: token %d is outside the distribution it was drawn from", ErrProtocol, w.Side, w.Step, w.Token)
+	}
+	return d, nil
+}
+
+// argmax is the most probable token, the lowest id on ties.
+func argmax(s *codec.Sparse) int32 {
+	best := 0
+	for i, p := range s.Probs {
+		if p > s.Probs[best] {
+			best = i
+		}
+	}
+	return s.Tokens[best]
+}
+
+// drawU is the inverse-CDF sample of s at u.
+func drawU(s *codec.Sparse, u float64) int32 {
+	var total float64
+	for _, p := range s.Probs {
+		total += float64(p)
+	}
+	target := u * total
+	var cum float64
+	for i, p := range s.Probs {
+		cum += float64(p)
+		if target < cum {
+			return s.Tokens[i]
+		}
+	}
+	return s.Tokens[len(s.Tokens)-1]
+}

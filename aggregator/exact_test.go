@@ -1,0 +1,168 @@
+package aggregator
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gonum.org/v1/gonum/stat/distuv"
+)
+
+// chiSquare tests a sequence of targets against the Markov chain whose
+// kernel is the η-mixture of the two sides' tables: given the previous
+// target, the next must be distributed as η·p^device + (1-η)·p^cloud. It
+// returns the p-value.
+func chiSquare(t *testing.T, targets []int32, dist [2]markov, eta float64) float64 {
+	vocab := len(dist[0][0])
+	counts := make([][]float64, vocab+1)
+	for i := range counts {
+		counts[i] = make([]float64, vocab)
+	}
+	prev := vocab // the start row
+	for _, tok := range targets {
+		counts[prev][tok]++
+		prev = int(tok)
+	}
+	var stat float64
+	df := 0
+	for row, obs := range counts {
+		var n float64
+		for _, o := range obs {
+			n += o
+		}
+		if n == 0 {
+			continue
+		}
+		cells := 0
+		for tok, o := range obs {
+			p := eta*float64(dist[0][row][tok]) + (1-eta)*float64(dist[1][row][tok])
+			e := n * p
+			if e == 0 {
+				require.Zero(t, o, "token %d after %d has probability 0", tok, row)
+				continue
+			}
+			stat += (o - e) * (o - e) / e
+			cells++
+		}
+		df += cells - 1
+	}
+	return distuv.ChiSquared{K: float64(df)}.Survival(stat)
+}
+
+// disagreeing is a pair of tables over 5 tokens whose rows put their mass
+// on different tokens, so that drafts are often rejected.
+func disagreeing(seed uint64) [2]markov {
+	r := rand.New(rand.NewPCG(seed, 7))
+	return [2]markov{randomMarkov(r, 5), randomMarkov(r, 5)}
+}
+
+func logMass(eta float64) [2]float64 { return [2]float64{math.Log(eta), math.Log(1 - eta)} }
+
+type exactCase struct {
+	name       string
+	maxBurst   int
+	lookahead  int
+	switchProb float64
+}
+
+var exactCases = []exactCase{
+	{"one draft at a time", 1, 1, 0},
+	{"bursts", 4, 8, 0},
+	{"bursts and handovers", 4, 8, 0.2},
+}
+
+// TestSpeculativeAggregationIsExact runs ≥ 20,000 aggregations per case on
+// disagreeing distributions and checks the targets against the mixture.
+func TestSpeculativeAggregationIsExact(t *testing.T) {
+	const steps = 20000
+	for _, eta := range []float64{0.1, 0.5, 0.9} {
+		for i, c := range exactCases {
+			t.Run(fmt.Sprintf("eta=%.1f/%s", eta, c.name), func(t *testing.T) {
+				dist := disagreeing(11)
+				w := newWorld(t, worldConfig{
+					seed: uint64(1000*eta) + uint64(i), topP: 1, dist: dist, logMass: logMass(eta),
+					maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
+					first: Device, steps: steps,
+				})
+				w.run()
+				targets := w.agreed()
+				require.GreaterOrEqual(t, len(targets), steps)
+				p := chiSquare(t, targets, dist, eta)
+				st := w.nodes[0].Stats(Device)
+				t.Logf("p = %.4f; device drafts accepted %d, rejected %d, stale %d; %d handovers", p, st.Accepted, st.Rejected, w.nodes[0].Stats(Device).Stale+w.nodes[1].Stats(Device).Stale, w.switches)
+				assert.Greater(t, p, 0.001, "targets follow the η-mixture")
+				assert.Positive(t, st.Rejected, "the distributions disagree")
+				if c.switchProb > 0 {
+					assert.Greater(t, w.switches, 100, "the aggregator moved")
+				}
+			})
+		}
+	}
+}
+
+// brokenResample is Algorithm 1 with a plausible bug: a rejected draft is
+// redrawn from the other side's distribution instead of from
+// norm(max(0, p^b - p^a)).
+func brokenResample(p pair, _ bool, seed, step uint64) int32 {
+	pick := func(a, b *Draft, eta float64, sigma, u float64) int32 {
+		qa, qb := float64(a.dist.Prob(a.token)), float64(b.dist.Prob(a.token))
+		if !(qa > qb) || sigma >= eta*(1-qb/qa) {
+			return a.token
+		}
+		return drawU(&b.dist, u)
+	}
+	d, c := p.draft[0], p.draft[1]
+	xd := pick(d, c, p.eta[1], uniform(seed, step, streamSigmaDevice), uniform(seed, step, streamResampleDevice))
+	xc := pick(c, d, p.eta[0], uniform(seed, step, streamSigmaCloud), uniform(seed, step, streamResampleCloud))
+	if uniform(seed, step, streamPick) < 0.5 {
+		return xd
+	}
+	return xc
+}
+
+// TestBrokenRuleFailsExactnessTest shows the exactness test has teeth: the
+// same run with a wrong resampling distribution is rejected.
+func TestBrokenRuleFailsExactnessTest(t *testing.T) {
+	for _, eta := range []float64{0.1, 0.5, 0.9} {
+		t.Run(fmt.Sprintf("eta=%.1f", eta), func(t *testing.T) {
+			dist := disagreeing(11)
+			w := newWorld(t, worldConfig{
+				seed: uint64(1000 * eta), topP: 1, dist: dist, logMass: logMass(eta),
+				maxBurst: 4, lookahead: 8, switchProb: 0.2, staleProb: 0.5, first: Device, steps: 20000,
+				rule: brokenResample,
+			})
+			w.run()
+			p := chiSquare(t, w.agreed(), dist, eta)
+			t.Logf("p = %.3g", p)
+			assert.Less(t, p, 0.001, "a broken rule must fail")
+		})
+	}
+}
+
+// TestGreedyTargetIsMixtureArgmax: with temperature 0 every target is the
+// argmax of the mixture of the two distributions given the prefix.
+func TestGreedyTargetIsMixtureArgmax(t *testing.T) {
+	for _, eta := range []float64{0.2, 0.5, 0.8} {
+		dist := disagreeing(5)
+		w := newWorld(t, worldConfig{
+			seed: 3, greedy: true, topP: 1, dist: dist, logMass: logMass(eta),
+			maxBurst: 3, lookahead: 6, switchProb: 0.3, staleProb: 0.5, first: Cloud, steps: 500,
+		})
+		w.run()
+		targets := w.agreed()
+		prev := len(dist[0][0])
+		for step, tok := range targets {
+			best, bestP := -1, -1.0
+			for x := range dist[0][prev] {
+				if m := eta*float64(dist[0][prev][x]) + (1-eta)*float64(dist[1][prev][x]); m > bestP+1e-6 {
+					best, bestP = x, m
+				}
+			}
+			require.Equal(t, int32(best), tok, "eta %.1f step %d", eta, step)
+			prev = int(tok)
+		}
+	}
+}

@@ -1,0 +1,254 @@
+package aggregator
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// markov is a side's next-token distribution given the previous token: a
+// stand-in for a decoder whose distribution depends on the prefix.
+type markov [][]float32
+
+// randomMarkov draws a vocab×vocab table of peaked random distributions;
+// start is row vocab (the first step has no previous token).
+func randomMarkov(r *rand.Rand, vocab int) markov {
+	m := make(markov, vocab+1)
+	for i := range m {
+		row := make([]float32, vocab)
+		var sum float32
+		for j := range row {
+			row[j] = float32(r.ExpFloat64()) * float32(r.ExpFloat64())
+			sum += row[j]
+		}
+		for j := range row {
+			row[j] /= sum
+		}
+		m[i] = row
+	}
+	return m
+}
+
+// next is the distribution after a prefix of length n ending in last.
+func (m markov) next(n int, last int32) []float32 {
+	if n == 0 {
+		return m[len(m)-1]
+	}
+	return m[last]
+}
+
+// world runs both sides' Nodes against each other without clocks: at each
+// turn it picks at random one enabled thing to happen (a side drafts, a
+// drafted burst reaches its Node, a message crosses the link, the
+// aggregator is asked to switch). Links are FIFO per direction, as a gRPC
+// stream is; everything else interleaves freely.
+type world struct {
+	t   testing.TB
+	r   *rand.Rand
+	cfg worldConfig
+
+	nodes [2]*Node
+	sides [2]*producer
+	links [2][]Event // links[i] carries events to side i, FIFO
+
+	decided [2][]int32 // target tokens as each side's Node emitted them
+	// decidedHash[i] is the hash of decided[i].
+	decidedHash [2]uint64
+	truth       []int32 // target tokens as the aggregating rule decided them
+	// truthHash[k] is prefixHash(truth[:k]).
+	truthHash []uint64
+	// prefixes[(side, step, epoch)] is the hash of the prefix the draft was
+	// computed on.
+	prefixes map[draftKey]uint64
+	switches int
+	verified int
+}
+
+type draftKey struct {
+	side  Side
+	step  uint64
+	epoch uint32
+}
+
+type worldConfig struct {
+	seed       uint64
+	greedy     bool
+	topP       float64
+	dist       [2]markov
+	logMass    [2]float64
+	maxBurst   int     // drafts per burst, 1..maxBurst
+	lookahead  int     // most undecided drafts a side keeps in flight
+	switchProb float64 // chance per turn of a switch request
+	staleProb  float64 // chance that a burst computed before a rollback is still submitted
+	first      Side
+	steps      uint64 // stop once this many steps are decided
+	// rule replaces Algorithm 1 on both Nodes (nil: the real one).
+	rule func(p pair, greedy bool, seed, step uint64) int32
+}
+
+// producer is one side's decoder: it drafts on its own prefix (the targets
+// up to its last rollback, then its own drafts).
+type producer struct {
+	side Side
+	prop *Proposer
+	// The prefix: its length, last token and hash.
+	n       int
+	last    int32
+	hash    uint64
+	epoch   uint32
+	pending []Draft // computed, not yet handed to the Node (a pass in flight)
+}
+
+func newWorld(t testing.TB, cfg worldConfig) *world {
+	w := &world{t: t, r: rand.New(rand.NewPCG(cfg.seed, 99)), cfg: cfg, prefixes: map[draftKey]uint64{}, truthHash: []uint64{0}}
+	for i, side := range Sides {
+		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed})
+		require.NoError(t, err)
+		if cfg.rule != nil {
+			n.rule = cfg.rule
+		}
+		inner := n.rule
+		n.rule = func(p pair, greedy bool, seed, step uint64) int32 {
+			w.checkPrefixes(p, step)
+			t := inner(p, greedy, seed, step)
+			w.truth = append(w.truth, t)
+			w.truthHash = append(w.truthHash, extendHash(w.truthHash[step], t))
+			return t
+		}
+		w.nodes[i] = n
+		prop, err := NewProposer(side, cfg.seed, cfg.greedy, cfg.topP)
+		require.NoError(t, err)
+		w.sides[i] = &producer{side: side, prop: prop}
+	}
+	return w
+}
+
+// checkPrefixes asserts that both drafts of a verified step were computed
+// on the decided prefix: a stale draft is never verified.
+func (w *world) checkPrefixes(p pair, step uint64) {
+	w.verified++
+	require.Equal(w.t, uint64(len(w.truth)), step, "each step is decided once, in order")
+	for _, d := range p.draft {
+		got, ok := w.prefixes[draftKey{d.side, d.step, d.epoch}]
+		require.True(w.t, ok)
+		require.Equal(w.t, step, d.step)
+		if got != w.truthHash[step] {
+			w.t.Fatalf("%v was verified on the wrong prefix", d)
+		}
+	}
+}
+
+func (w *world) done() bool {
+	return uint64(len(w.decided[0])) >= w.cfg.steps && uint64(len(w.decided[1])) >= w.cfg.steps
+}
+
+// run turns the world until both sides decided cfg.steps steps.
+func (w *world) run() {
+	for turns := 0; !w.done(); turns++ {
+		require.Less(w.t, turns, int(w.cfg.steps)*200, "no progress")
+		var moves []func()
+		for i := range w.sides {
+			if p := w.sides[i]; p.pending == nil && w.canDraft(i) {
+				moves = append(moves, func() { w.draft(i) })
+			}
+			if w.sides[i].pending != nil {
+				moves = append(moves, func() { w.submit(i) })
+			}
+			if len(w.links[i]) > 0 {
+				moves = append(moves, func() { w.deliver(i) })
+			}
+		}
+		if w.r.Float64() < w.cfg.switchProb {
+			for i := range w.nodes {
+				if w.nodes[i].Aggregating() {
+					moves = append(moves, func() { w.apply(i, SwitchRequest{}) })
+				}
+			}
+		}
+		require.NotEmpty(w.t, moves, "deadlock")
+		moves[w.r.IntN(len(moves))]()
+	}
+}
+
+func (w *world) canDraft(i int) bool {
+	p := w.sides[i]
+	decided := uint64(len(w.decided[i]))
+	return uint64(p.n) < decided+uint64(w.cfg.lookahead) && uint64(p.n) < w.cfg.steps+4
+}
+
+// draft computes a burst on the producer's prefix, as one forward pass of
+// local speculation would.
+func (w *world) draft(i int) {
+	p := w.sides[i]
+	n := 1 + w.r.IntN(w.cfg.maxBurst)
+	for range n {
+		step := uint64(p.n)
+		d, err := p.prop.Propose(w.cfg.dist[i].next(p.n, p.last), step, p.epoch, w.cfg.logMass[i])
+		require.NoError(w.t, err)
+		w.prefixes[draftKey{p.side, step, p.epoch}] = p.hash
+		p.n, p.last, p.hash = p.n+1, d.Token(), extendHash(p.hash, d.Token())
+		p.pending = append(p.pending, d)
+	}
+}
+
+func (w *world) submit(i int) {
+	p := w.sides[i]
+	burst := p.pending
+	p.pending = nil
+	w.apply(i, LocalDrafts{Drafts: burst})
+}
+
+func (w *world) deliver(i int) {
+	ev := w.links[i][0]
+	w.links[i] = w.links[i][1:]
+	w.apply(i, ev)
+}
+
+// apply steps side i's Node and carries out its actions.
+func (w *world) apply(i int, ev Event) {
+	acts, err := w.nodes[i].Step(ev)
+	require.NoError(w.t, err)
+	peer := 1 - i
+	for _, a := range acts {
+		switch a := a.(type) {
+		case SendDrafts:
+			w.links[peer] = append(w.links[peer], RemoteDrafts(a))
+		case SendVerdicts:
+			w.links[peer] = append(w.links[peer], RemoteVerdicts(a))
+		case SendHandover:
+			w.switches++
+			w.links[peer] = append(w.links[peer], RemoteHandover(a))
+		case Decided:
+			require.Equal(w.t, uint64(len(w.decided[i])), a.Verdict.Step, "steps decided in order")
+			w.decided[i] = append(w.decided[i], a.Verdict.Target)
+			w.decidedHash[i] = extendHash(w.decidedHash[i], a.Verdict.Target)
+		case Rollback:
+			p := w.sides[i]
+			require.Equal(w.t, uint64(len(w.decided[i])-1), a.Step)
+			p.n, p.last, p.hash = len(w.decided[i]), a.Target, w.decidedHash[i]
+			p.epoch = a.Epoch
+			if p.pending != nil && w.r.Float64() >= w.cfg.staleProb {
+				p.pending = nil // the pass in flight was aborted
+			}
+		case Done:
+		default:
+			w.t.Fatalf("unexpected action %T", a)
+		}
+	}
+}
+
+// agreed checks that both sides emitted the same targets and returns them.
+func (w *world) agreed() []int32 {
+	n := min(len(w.decided[0]), len(w.decided[1]))
+	require.Equal(w.t, w.decided[0][:n], w.decided[1][:n], "both sides emit the same targets")
+	return w.decided[0][:n]
+}
+
+func (c worldConfig) String() string {
+	return fmt.Sprintf("seed %d greedy %v burst %d lookahead %d switch %.2f", c.seed, c.greedy, c.maxBurst, c.lookahead, c.switchProb)
+}
+
+// extendHash is the hash of a prefix extended by tok.
+func extendHash(h uint64, tok int32) uint64 { return mix64(h ^ uint64(tok)*0x100000001b3) }

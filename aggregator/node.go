@@ -1,0 +1,435 @@
+package aggregator
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Config configures one side's Node.
+type Config struct {
+	// Self is the side this Node runs on.
+	Self Side
+	// Aggregator is the side that aggregates first.
+	Aggregator Side
+	// Greedy decides each step by the argmax of the mixture instead of
+	// Algorithm 1's sampling.
+	Greedy bool
+	// Seed keys Algorithm 1's uniforms; both sides must use the same.
+	Seed uint64
+	// MaxSteps ends the generation after that many target tokens (0: no
+	// bound).
+	MaxSteps uint64
+	// IsEnd reports whether a target token ends the generation (end of
+	// generation); nil: none does.
+	IsEnd func(tok int32) bool
+}
+
+func (c Config) validate() error {
+	if !c.Self.Valid() {
+		return fmt.Errorf("aggregator: config: unknown side %v", c.Self)
+	}
+	if !c.Aggregator.Valid() {
+		return fmt.Errorf("aggregator: config: unknown aggregator side %v", c.Aggregator)
+	}
+	return nil
+}
+
+// Verdict is the decision on one step (Algorithm 1's outputs), which the
+// aggregating side sends to the other.
+type Verdict struct {
+	Step   uint64
+	Target int32
+	// Accept says whether each side's draft (by Side.index) equals the
+	// target.
+	Accept [2]bool
+	// Epoch is the epoch of each side's draft that this verdict decided.
+	Epoch [2]uint32
+	// NextEpoch is each side's epoch from Step+1 on: Epoch on accept, a
+	// larger one on reject (that side rolls back to Target).
+	NextEpoch [2]uint32
+	// Expected is Eq. (5)'s acceptance estimate for each side's draft.
+	Expected [2]float64
+}
+
+// Accepted reports whether side's draft was accepted.
+func (v Verdict) Accepted(side Side) bool { return v.Accept[side.index()] }
+
+// Handover moves the aggregator to the receiver between two steps.
+type Handover struct {
+	// NextStep is the first step not yet decided.
+	NextStep uint64
+	// Epochs of both sides, by Side.index.
+	Epochs [2]uint32
+	// Queue is the sender's own drafts not yet decided, in step order; the
+	// receiver keeps its own.
+	Queue []Draft
+}
+
+// Events a Node takes.
+type (
+	// Event is the input of Step.
+	Event interface{ isEvent() }
+	// LocalDrafts are drafts this side produced, in step order (a burst
+	// from one forward pass of local speculative decoding, or one).
+	LocalDrafts struct{ Drafts []Draft }
+	// RemoteDrafts arrived from the peer.
+	RemoteDrafts struct{ Drafts []Draft }
+	// RemoteVerdicts arrived from the aggregating peer, in step order.
+	RemoteVerdicts struct{ Verdicts []Verdict }
+	// RemoteHandover makes this side the aggregator.
+	RemoteHandover struct{ Handover Handover }
+	// SwitchRequest asks the aggregating Node to hand the role over after
+	// the steps it has decided (the scheduler's choice); ignored when this
+	// side does not aggregate.
+	SwitchRequest struct{}
+	// Finish ends the generation: no further step is decided (a stop
+	// string matched, the client went away).
+	Finish struct{}
+)
+
+func (LocalDrafts) isEvent()    {}
+func (RemoteDrafts) isEvent()   {}
+func (RemoteVerdicts) isEvent() {}
+func (RemoteHandover) isEvent() {}
+func (SwitchRequest) isEvent()  {}
+func (Finish) isEvent()         {}
+
+// Actions a Node asks its session to carry out, in order.
+type (
+	// Action is an output of Step.
+	Action interface{ isAction() }
+	// SendDrafts: forward this side's drafts to the aggregating peer.
+	SendDrafts struct{ Drafts []Draft }
+	// SendVerdicts: tell the peer the steps just decided.
+	SendVerdicts struct{ Verdicts []Verdict }
+	// SendHandover: the peer aggregates from now on.
+	SendHandover struct{ Handover Handover }
+	// Decided: the target token of one step, in step order, on both sides.
+	Decided struct{ Verdict Verdict }
+	// Rollback follows the Decided of a step that rejected this side's
+	// draft: continue from the decided answer (Target at Step) and draft
+	// Step+1 on under Epoch; anything computed on the old prefix is stale.
+	Rollback struct {
+		Step   uint64
+		Target int32
+		Epoch  uint32
+	}
+	// Done: the generation is over after Steps target tokens (an end token
+	// or MaxSteps).
+	Done struct{ Steps uint64 }
+)
+
+func (SendDrafts) isAction()   {}
+func (SendVerdicts) isAction() {}
+func (SendHandover) isAction() {}
+func (Decided) isAction()      {}
+func (Rollback) isAction()     {}
+func (Done) isAction()         {}
+
+// Stats are a side's draft counters as this Node saw them.
+type Stats struct {
+	// Drafts admitted (current epoch) and decided.
+	Admitted, Accepted, Rejected uint64
+	// Stale drafts carried an epoch older than the side's current one and
+	// were dropped; late ones reached this Node after it handed the
+	// aggregator over (their side still holds them).
+	Stale, Late uint64
+}
+
+// sideState is what a Node knows of one side's drafts.
+type sideState struct {
+	epoch uint32
+	// expect is the step the side's next draft of this epoch must carry.
+	expect uint64
+	// queue holds undecided drafts of the current epoch in step order: both
+	// sides' on the aggregating Node, only its own on the other.
+	queue []Draft
+	stats Stats
+}
+
+// Node is one side's view of a generation. It is not safe for concurrent
+// use: one goroutine feeds it events and carries out its actions.
+type Node struct {
+	cfg         Config
+	aggregating bool
+	next        uint64 // first undecided step
+	sides       [2]sideState
+	done        bool
+	handovers   uint64
+	// rule decides a step; tests replace it with broken rules to check that
+	// the exactness test can fail.
+	rule func(p pair, greedy bool, seed, step uint64) int32
+}
+
+// New returns the Node of cfg.Self at step 0, epochs 0.
+func New(cfg Config) (*Node, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Node{cfg: cfg, aggregating: cfg.Self == cfg.Aggregator, rule: pair.target}, nil
+}
+
+// Aggregating reports whether this side holds the aggregator now.
+func (n *Node) Aggregating() bool { return n.aggregating }
+
+// NextStep is the first step not yet decided.
+func (n *Node) NextStep() uint64 { return n.next }
+
+// Epoch is side's current epoch as this Node knows it.
+func (n *Node) Epoch(side Side) uint32 { return n.sides[side.index()].epoch }
+
+// Stats are side's draft counters.
+func (n *Node) Stats(side Side) Stats { return n.sides[side.index()].stats }
+
+// Handovers is how many times this Node handed the aggregator over or took
+// it.
+func (n *Node) Handovers() uint64 { return n.handovers }
+
+// Done reports whether the generation is over.
+func (n *Node) Done() bool { return n.done }
+
+// Step applies one event and returns what to do. An error wrapping
+// ErrProtocol means the peer (or the local producer) broke the protocol;
+// the Node must not be used afterwards.
+func (n *Node) Step(ev Event) ([]Action, error) {
+	switch ev := ev.(type) {
+	case LocalDrafts:
+		return n.stepDrafts(n.cfg.Self, ev.Drafts)
+	case RemoteDrafts:
+		return n.stepDrafts(n.cfg.Self.Other(), ev.Drafts)
+	case RemoteVerdicts:
+		return n.stepVerdicts(ev.Verdicts)
+	case RemoteHandover:
+		return n.stepHandover(ev.Handover)
+	case SwitchRequest:
+		return n.stepSwitch(), nil
+	case Finish:
+		n.done = true
+		return nil, nil
+	}
+	return nil, fmt.Errorf("aggregator: unknown event %T", ev)
+}
+
+// admit sorts a draft of side into current (true), stale or late (false),
+// or a protocol violation.
+func (n *Node) admit(side Side, d *Draft) (bool, error) {
+	s := &n.sides[side.index()]
+	switch {
+	case d.side != side:
+		return false, fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, side)
+	case side != n.cfg.Self && !n.aggregating:
+		s.stats.Late++
+		return false, nil
+	case d.epoch < s.epoch:
+		s.stats.Stale++
+		return false, nil
+	case d.epoch > s.epoch:
+		return false, fmt.Errorf("%w: %v is ahead of the current epoch %d", ErrProtocol, d, s.epoch)
+	case d.step != s.expect:
+		return false, fmt.Errorf("%w: %v, but the side's next draft is step %d", ErrProtocol, d, s.expect)
+	}
+	s.expect++
+	s.stats.Admitted++
+	return true, nil
+}
+
+func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
+	s := &n.sides[side.index()]
+	var fresh []Draft
+	for i := range drafts {
+		ok, err := n.admit(side, &drafts[i])
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			s.queue = append(s.queue, drafts[i])
+			fresh = append(fresh, drafts[i])
+		}
+	}
+	if n.done {
+		return nil, nil
+	}
+	if !n.aggregating {
+		if len(fresh) == 0 {
+			return nil, nil
+		}
+		return []Action{SendDrafts{Drafts: fresh}}, nil
+	}
+	return n.decide(), nil
+}
+
+// decide runs Algorithm 1 on every step both queues have a draft for.
+func (n *Node) decide() []Action {
+	var acts []Action
+	var sent []Verdict
+	dev, cld := &n.sides[Device.index()], &n.sides[Cloud.index()]
+	for !n.done && len(dev.queue) > 0 && len(cld.queue) > 0 {
+		p := newPair(&dev.queue[0], &cld.queue[0])
+		target := n.rule(p, n.cfg.Greedy, n.cfg.Seed, n.next)
+		v := Verdict{Step: n.next, Target: target, Expected: p.expectedAcceptance(n.cfg.Greedy)}
+		var rollback Action
+		for i, side := range Sides {
+			st := &n.sides[i]
+			v.Epoch[i] = st.epoch
+			v.Accept[i] = p.draft[i].token == target
+			if v.Accept[i] {
+				st.stats.Accepted++
+				st.queue = st.queue[1:]
+			} else {
+				st.stats.Rejected++
+				st.epoch++
+				st.expect = n.next + 1
+				st.queue = st.queue[:0]
+				if side == n.cfg.Self {
+					rollback = Rollback{Step: n.next, Target: target, Epoch: st.epoch}
+				}
+			}
+			v.NextEpoch[i] = st.epoch
+		}
+		sent = append(sent, v)
+		acts = append(acts, Decided{Verdict: v})
+		if rollback != nil {
+			acts = append(acts, rollback)
+		}
+		n.advance(target)
+	}
+	if len(sent) > 0 {
+		acts = append([]Action{SendVerdicts{Verdicts: sent}}, acts...)
+	}
+	if n.done {
+		acts = append(acts, Done{Steps: n.next})
+	}
+	return acts
+}
+
+// advance moves past a decided step and notes the end of the generation.
+func (n *Node) advance(target int32) {
+	n.next++
+	if (n.cfg.IsEnd != nil && n.cfg.IsEnd(target)) || (n.cfg.MaxSteps > 0 && n.next >= n.cfg.MaxSteps) {
+		n.done = true
+	}
+}
+
+func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
+	if n.aggregating {
+		return nil, fmt.Errorf("%w: verdicts from the peer while this side aggregates", ErrProtocol)
+	}
+	if n.done {
+		return nil, nil // steps decided past the end
+	}
+	var acts []Action
+	self := n.cfg.Self
+	me := &n.sides[self.index()]
+	for _, v := range vs {
+		if n.done {
+			break // steps decided past the end, in the same batch
+		}
+		if v.Step != n.next {
+			return nil, fmt.Errorf("%w: verdict for step %d, expected step %d", ErrProtocol, v.Step, n.next)
+		}
+		for _, side := range Sides {
+			if err := n.checkVerdictEpochs(v, side); err != nil {
+				return nil, err
+			}
+		}
+		i := self.index()
+		if len(me.queue) == 0 || me.queue[0].step != v.Step {
+			return nil, fmt.Errorf("%w: verdict for step %d, for which this side sent no draft", ErrProtocol, v.Step)
+		}
+		if v.Accept[i] != (me.queue[0].token == v.Target) {
+			return nil, fmt.Errorf("%w: verdict for step %d contradicts the draft it decided", ErrProtocol, v.Step)
+		}
+		var rollback Action
+		if v.Accept[i] {
+			me.queue = me.queue[1:]
+		} else {
+			me.queue = me.queue[:0]
+			me.expect = v.Step + 1
+			rollback = Rollback{Step: v.Step, Target: v.Target, Epoch: v.NextEpoch[i]}
+		}
+		for j := range n.sides {
+			st := &n.sides[j]
+			st.epoch = v.NextEpoch[j]
+			if v.Accept[j] {
+				st.stats.Accepted++
+			} else {
+				st.stats.Rejected++
+			}
+		}
+		acts = append(acts, Decided{Verdict: v})
+		if rollback != nil {
+			acts = append(acts, rollback)
+		}
+		n.advance(v.Target)
+	}
+	if n.done {
+		acts = append(acts, Done{Steps: n.next})
+	}
+	return acts, nil
+}
+
+// checkVerdictEpochs checks a verdict against side's epoch as this Node
+// knows it: every epoch change reaches the other side through verdicts, so
+// the two must agree, and an epoch moves exactly on a rejection.
+func (n *Node) checkVerdictEpochs(v Verdict, side Side) error {
+	i := side.index()
+	switch cur := n.sides[i].epoch; {
+	case v.Epoch[i] != cur:
+		return fmt.Errorf("%w: verdict for step %d decided a %v draft of epoch %d, current is %d", ErrProtocol, v.Step, side, v.Epoch[i], cur)
+	case v.Accept[i] && v.NextEpoch[i] != cur:
+		return fmt.Errorf("%w: verdict for step %d accepts the %v draft but changes its epoch", ErrProtocol, v.Step, side)
+	case !v.Accept[i] && v.NextEpoch[i] <= cur:
+		return fmt.Errorf("%w: verdict for step %d rejects the %v draft without a new epoch", ErrProtocol, v.Step, side)
+	}
+	return nil
+}
+
+func (n *Node) stepHandover(h Handover) ([]Action, error) {
+	if n.aggregating {
+		return nil, fmt.Errorf("%w: handover to a side that already aggregates", ErrProtocol)
+	}
+	if h.NextStep != n.next {
+		return nil, fmt.Errorf("%w: handover at step %d, but this side has decided up to step %d", ErrProtocol, h.NextStep, n.next)
+	}
+	self, other := n.cfg.Self.index(), n.cfg.Self.Other().index()
+	if h.Epochs[self] != n.sides[self].epoch {
+		return nil, fmt.Errorf("%w: handover gives this side epoch %d, current is %d", ErrProtocol, h.Epochs[self], n.sides[self].epoch)
+	}
+	peer := &n.sides[other]
+	peer.epoch = h.Epochs[other]
+	peer.expect = h.NextStep + uint64(len(h.Queue))
+	peer.queue = peer.queue[:0]
+	for i, d := range h.Queue {
+		if d.side != n.cfg.Self.Other() || d.epoch != peer.epoch || d.step != h.NextStep+uint64(i) {
+			return nil, fmt.Errorf("%w: handover queue entry %d is %v, want %v step %d epoch %d",
+				ErrProtocol, i, &d, n.cfg.Self.Other(), h.NextStep+uint64(i), peer.epoch)
+		}
+		peer.queue = append(peer.queue, d)
+	}
+	if q := n.sides[self].queue; len(q) > 0 && q[0].step != n.next {
+		return nil, fmt.Errorf("aggregator: internal error: own queue starts at step %d, next is %d", q[0].step, n.next)
+	}
+	n.aggregating = true
+	n.handovers++
+	if n.done {
+		return nil, nil
+	}
+	return n.decide(), nil
+}
+
+func (n *Node) stepSwitch() []Action {
+	if !n.aggregating || n.done {
+		return nil
+	}
+	self, other := n.cfg.Self.index(), n.cfg.Self.Other().index()
+	h := Handover{
+		NextStep: n.next,
+		Epochs:   [2]uint32{n.sides[0].epoch, n.sides[1].epoch},
+		Queue:    slices.Clone(n.sides[self].queue),
+	}
+	// The peer keeps its own drafts; those in flight to us arrive late.
+	n.sides[other].queue = n.sides[other].queue[:0]
+	n.aggregating = false
+	n.handovers++
+	return []Action{SendHandover{Handover: h}}
+}

@@ -1,0 +1,258 @@
+package aggregator
+
+import (
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/codec"
+)
+
+const vocab = 8
+
+// Tokens of the scripted tests.
+const (
+	tokA int32 = 2
+	tokB int32 = 5
+	tokC int32 = 6
+)
+
+// oneHot is a distribution with all its mass on tok.
+func oneHot(tok int32) []float32 {
+	p := make([]float32, vocab)
+	p[tok] = 1
+	return p
+}
+
+// mk makes a greedy draft of tok; the cloud's relevance mass is higher, so
+// where the two sides disagree the cloud's token wins.
+func mk(t *testing.T, side Side, step uint64, epoch uint32, tok int32) Draft {
+	t.Helper()
+	p, err := NewProposer(side, 1, true, 1)
+	require.NoError(t, err)
+	mass := 0.0
+	if side == Cloud {
+		mass = 1
+	}
+	d, err := p.Propose(oneHot(tok), step, epoch, mass)
+	require.NoError(t, err)
+	require.Equal(t, tok, d.Token())
+	return d
+}
+
+func newNode(t *testing.T, self, agg Side) *Node {
+	n, err := New(Config{Self: self, Aggregator: agg, Greedy: true, IsEnd: func(tok int32) bool { return tok == 0 }, MaxSteps: 100})
+	require.NoError(t, err)
+	return n
+}
+
+func step(t *testing.T, n *Node, ev Event) []Action {
+	t.Helper()
+	acts, err := n.Step(ev)
+	require.NoError(t, err)
+	return acts
+}
+
+func verdictsOf(acts []Action) []Verdict {
+	var vs []Verdict
+	for _, a := range acts {
+		if s, ok := a.(SendVerdicts); ok {
+			vs = append(vs, s.Verdicts...)
+		}
+	}
+	return vs
+}
+
+// TestStaleDraftsAreDroppedAndCounted follows one generation in which the
+// device's draft at step 1 is rejected while its drafts for steps 2 and 3,
+// made under the old epoch, are still on their way.
+func TestStaleDraftsAreDroppedAndCounted(t *testing.T) {
+	n := newNode(t, Device, Device)
+	acts := step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, tokB), mk(t, Device, 2, 0, tokB)}})
+	assert.Empty(t, acts, "nothing to decide without the cloud's drafts")
+
+	acts = step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokA)}})
+	vs := verdictsOf(acts)
+	require.Len(t, vs, 2, "both steps decided at once")
+	assert.Equal(t, Verdict{Step: 0, Target: tokA, Accept: [2]bool{true, true}, Expected: [2]float64{1, 1}}, vs[0])
+	assert.Equal(t, tokA, vs[1].Target, "the cloud weighs more")
+	assert.Equal(t, [2]bool{false, true}, vs[1].Accept)
+	assert.Equal(t, [2]uint32{1, 0}, vs[1].NextEpoch)
+	assert.Contains(t, acts, Action(Rollback{Step: 1, Target: tokA, Epoch: 1}))
+
+	// The device's step-2 draft of epoch 0 was queued and is gone; one
+	// still in flight from the producer is stale.
+	assert.Empty(t, step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 3, 0, tokB)}}))
+	assert.Equal(t, uint64(1), n.Stats(Device).Stale)
+	assert.Empty(t, step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 2, 1, tokC)}}))
+
+	// Protocol violations.
+	_, err := n.Step(LocalDrafts{Drafts: []Draft{mk(t, Device, 4, 1, tokC)}})
+	assert.ErrorIs(t, err, ErrProtocol, "a gap")
+	_, err = n.Step(RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 3, 0, tokC)}})
+	assert.ErrorContains(t, err, "next draft is step 2")
+	_, err = n.Step(RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 2, 1, tokC)}})
+	assert.ErrorContains(t, err, "ahead of the current epoch 0")
+	_, err = n.Step(RemoteDrafts{Drafts: []Draft{mk(t, Device, 2, 1, tokC)}})
+	assert.ErrorContains(t, err, "arrived as a cloud draft")
+	_, err = n.Step(RemoteVerdicts{Verdicts: vs})
+	assert.ErrorContains(t, err, "while this side aggregates")
+
+	st := n.Stats(Device)
+	assert.Equal(t, Stats{Admitted: 4, Accepted: 1, Rejected: 1, Stale: 1}, st)
+}
+
+// TestFollowerAppliesVerdicts: the cloud forwards its drafts, applies the
+// device's verdicts, rolls back on a rejection and checks every verdict.
+func TestFollowerAppliesVerdicts(t *testing.T) {
+	agg, fol := newNode(t, Device, Device), newNode(t, Cloud, Device)
+	d0, d1 := mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB)
+	acts := step(t, fol, LocalDrafts{Drafts: []Draft{d0, d1}})
+	require.Equal(t, []Action{SendDrafts{Drafts: []Draft{d0, d1}}}, acts)
+
+	step(t, agg, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, tokA)}})
+	vs := verdictsOf(step(t, agg, RemoteDrafts{Drafts: []Draft{d0, d1}}))
+	require.Len(t, vs, 2)
+	require.Equal(t, [2]bool{false, true}, vs[1].Accept, "cloud's B beats device's A")
+
+	bad := vs[0]
+	bad.Step = 1
+	_, err := fol.Step(RemoteVerdicts{Verdicts: []Verdict{bad}})
+	assert.ErrorContains(t, err, "expected step 0")
+	bad = vs[0]
+	bad.Accept[1] = false
+	bad.NextEpoch[1] = 1
+	_, err = fol.Step(RemoteVerdicts{Verdicts: []Verdict{bad}})
+	assert.ErrorContains(t, err, "contradicts the draft")
+	bad = vs[0]
+	bad.NextEpoch[0] = 4
+	_, err = fol.Step(RemoteVerdicts{Verdicts: []Verdict{bad}})
+	assert.ErrorContains(t, err, "changes its epoch")
+
+	acts = step(t, fol, RemoteVerdicts{Verdicts: vs})
+	require.Len(t, acts, 2)
+	assert.Equal(t, Decided{Verdict: vs[0]}, acts[0])
+	assert.Equal(t, Decided{Verdict: vs[1]}, acts[1])
+	assert.Equal(t, uint64(2), fol.NextStep())
+	assert.Equal(t, uint32(1), fol.Epoch(Device), "the device's rollback is known")
+
+	_, err = fol.Step(RemoteHandover{Handover: Handover{NextStep: 1}})
+	assert.ErrorContains(t, err, "decided up to step 2")
+	_, err = fol.Step(RemoteHandover{Handover: Handover{NextStep: 2, Epochs: [2]uint32{1, 3}}})
+	assert.ErrorContains(t, err, "gives this side epoch 3")
+}
+
+// TestHandoverCarriesQueueAndEpochs moves the aggregator mid-generation:
+// the new aggregator decides from the old one's queue and its own.
+func TestHandoverCarriesQueueAndEpochs(t *testing.T) {
+	dev, cld := newNode(t, Device, Device), newNode(t, Cloud, Device)
+	step(t, dev, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, tokC), mk(t, Device, 2, 0, tokC)}})
+	sent := step(t, cld, LocalDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA)}})
+	vs := verdictsOf(step(t, dev, RemoteDrafts(sent[0].(SendDrafts))))
+	step(t, cld, RemoteVerdicts{Verdicts: vs})
+
+	acts := step(t, dev, SwitchRequest{})
+	require.Len(t, acts, 1)
+	h := acts[0].(SendHandover).Handover
+	assert.Equal(t, uint64(1), h.NextStep)
+	require.Len(t, h.Queue, 2, "the device's undecided drafts")
+	assert.False(t, dev.Aggregating())
+	assert.Empty(t, step(t, dev, SwitchRequest{}), "only the aggregator can switch")
+
+	// A cloud draft in flight to the old aggregator arrives late there.
+	late := mk(t, Cloud, 1, 0, tokB)
+	assert.Empty(t, step(t, dev, RemoteDrafts{Drafts: []Draft{late}}))
+	assert.Equal(t, uint64(1), dev.Stats(Cloud).Late)
+
+	// The cloud holds its own step-1 draft and takes the device's queue.
+	step(t, cld, LocalDrafts{Drafts: []Draft{late}})
+	acts = step(t, cld, RemoteHandover{Handover: h})
+	assert.True(t, cld.Aggregating())
+	vs = verdictsOf(acts)
+	require.Len(t, vs, 1)
+	assert.Equal(t, Verdict{Step: 1, Target: tokB, Accept: [2]bool{false, true}, NextEpoch: [2]uint32{1, 0}, Expected: [2]float64{0, 1}}, vs[0])
+
+	// The device applies it, rolls back, and the queue of epoch 0 is gone.
+	acts = step(t, dev, RemoteVerdicts{Verdicts: vs})
+	assert.Equal(t, Rollback{Step: 1, Target: tokB, Epoch: 1}, acts[1])
+	acts = step(t, dev, LocalDrafts{Drafts: []Draft{mk(t, Device, 2, 1, tokA)}})
+	require.Len(t, acts, 1, "forwarded to the new aggregator")
+	assert.Equal(t, uint64(2), dev.Handovers()+cld.Handovers())
+}
+
+func TestEndTokenAndMaxStepsFinish(t *testing.T) {
+	n := newNode(t, Device, Device)
+	step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, 0)}})
+	acts := step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, 0), mk(t, Cloud, 2, 0, tokA)}})
+	assert.Equal(t, Done{Steps: 2}, acts[len(acts)-1])
+	assert.True(t, n.Done())
+	assert.Empty(t, step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 2, 0, tokA)}}), "nothing is decided after the end")
+
+	m, err := New(Config{Self: Cloud, Aggregator: Cloud, Greedy: true, MaxSteps: 1})
+	require.NoError(t, err)
+	step(t, m, LocalDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA)}})
+	acts = step(t, m, RemoteDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokB)}})
+	assert.Equal(t, Done{Steps: 1}, acts[len(acts)-1])
+
+	f := newNode(t, Device, Device)
+	step(t, f, Finish{})
+	assert.Empty(t, step(t, f, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA)}}))
+}
+
+func TestWeights(t *testing.T) {
+	inf := math.Inf(-1)
+	cases := []struct {
+		hd, hc, wantD float64
+	}{
+		{0, 0, 0.5},
+		{math.Log(3), 0, 0.75},
+		{1000, 999, 1 / (1 + math.Exp(-1))}, // no overflow
+		{-1000, -1000, 0.5},
+		{inf, 2, 0},
+		{2, inf, 1},
+		{inf, inf, 0.5},
+	}
+	for _, c := range cases {
+		d, cl := Weights(c.hd, c.hc)
+		assert.InDelta(t, c.wantD, d, 1e-12, "%v %v", c.hd, c.hc)
+		assert.InDelta(t, 1, d+cl, 1e-12)
+	}
+}
+
+func TestDecodeDraftRejectsBadInput(t *testing.T) {
+	dec, err := codec.NewDecoder(vocab)
+	require.NoError(t, err)
+	good := mk(t, Cloud, 3, 1, tokB)
+	w := WireDraft{Side: Cloud, Step: 3, Epoch: 1, Token: tokB, Payload: good.Payload(), LogMass: 1}
+	d, err := DecodeDraft(dec, w)
+	require.NoError(t, err)
+	assert.Equal(t, good.Dist().Tokens, d.Dist().Tokens)
+	assert.Equal(t, good.Dist().Probs, d.Dist().Probs, "the receiver holds the sender's distribution bit for bit")
+
+	for name, edit := range map[string]func(*WireDraft){
+		"token outside its distribution": func(w *WireDraft) { w.Token = tokA },
+		"corrupt payload":                func(w *WireDraft) { w.Payload = []byte{0xff, 1, 2} },
+		"unknown side":                   func(w *WireDraft) { w.Side = 0 },
+		"NaN relevance":                  func(w *WireDraft) { w.LogMass = math.NaN() },
+	} {
+		bad := w
+		edit(&bad)
+		_, err := DecodeDraft(dec, bad)
+		assert.ErrorIs(t, err, ErrProtocol, name)
+	}
+}
+
+func TestSideNames(t *testing.T) {
+	for _, s := range Sides {
+		got, err := ParseSide(s.String())
+		require.NoError(t, err)
+		assert.Equal(t, s, got)
+		assert.Equal(t, s, s.Other().Other())
+	}
+	_, err := ParseSide("phone")
+	assert.Error(t, err)
+	_, err = New(Config{Self: 0, Aggregator: Device})
+	assert.Error(t, err)
+}
