@@ -65,7 +65,11 @@ latencies. Runs take milliseconds each.`,
 			for k := range res.TokenWiseMS {
 				keys = append(keys, k)
 			}
-			sort.Slice(keys, func(i, j int) bool { a, _ := strconv.ParseFloat(keys[i], 64); b, _ := strconv.ParseFloat(keys[j], 64); return a < b })
+			sort.Slice(keys, func(i, j int) bool {
+				a, _ := strconv.ParseFloat(keys[i], 64)
+				b, _ := strconv.ParseFloat(keys[j], 64)
+				return a < b
+			})
 			fmt.Fprintf(out, "%-10s", "latency")
 			for _, k := range keys {
 				fmt.Fprintf(out, "%9s", k+"ms")
