@@ -5,9 +5,10 @@
 //
 //	p^s(x) = Σ_d softmax(R)_d · p(x | d, x_<t),   h̃^s = logsumexp(R).
 //
-// The decoder exposes the steps the distributed session needs (Next,
-// Push, Verify/Commit, Rollback, Abort) and a local generation loop
-// (Generate) with sampling and context-aligned speculative decoding.
+// The decoder exposes the steps the distributed session needs (Start,
+// Step, Rewind, Abort; underneath them Next, Push, Verify/Commit) and a
+// local generation loop (Generate) with sampling and context-aligned
+// speculative decoding.
 package decoder
 
 import (
@@ -137,6 +138,10 @@ type Decoder struct {
 	acc     *specdec.Acceptance
 	cost    *specdec.CostModel
 	stats   specdec.Stats
+	steps   int
+	// shadow learns the acceptance of drafts the cost model left
+	// unverified, from what plain decoding then emits.
+	shadow specdec.Shadow
 }
 
 // New creates a decoder and its engine context.
@@ -335,20 +340,6 @@ func (d *Decoder) Push(toks ...engine.Token) {
 	}
 }
 
-// Rollback forgets generated tokens from step on (keeps gen[:step]).
-func (d *Decoder) Rollback(step int) error {
-	if step < 0 || step > len(d.gen) {
-		return fmt.Errorf("decoder: %w: rollback to step %d of %d", engine.ErrInvalidInput, step, len(d.gen))
-	}
-	if step == len(d.gen) {
-		return nil
-	}
-	d.gen = d.gen[:step]
-	d.nextValid = false
-	// The distribution at step comes from re-decoding the token before it.
-	return d.truncateKV(step - 1)
-}
-
 // truncateKV keeps at most prompt + gen[:n] in every sequence.
 func (d *Decoder) truncateKV(n int) error {
 	for s, p := range d.prompts {
@@ -405,6 +396,19 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 		calRows = make([][][]engine.TokenLogit, len(d.prompts))
 	}
 	d.batch.Reset()
+	if !d.nextValid {
+		// The distribution after the answer comes from the row of its last
+		// token: when the KV holds that token already (after a Rewind),
+		// decode it again.
+		for s, p := range d.prompts {
+			if last := len(p) + len(d.gen) - 1; d.held[s] > last {
+				if err := d.ectx.Truncate(s, last); err != nil {
+					return fmt.Errorf("decoder: sequence %d: %w", s, err)
+				}
+				d.held[s] = last
+			}
+		}
+	}
 	saved := append([]int(nil), d.held...)
 	flush := func() (err error) {
 		wants, err = d.decodeBatch(ctx, wants, calRows)

@@ -127,21 +127,21 @@ func TestRollbackThenRedecodeIsIdentical(t *testing.T) {
 	}
 	first := draw(12, 7)
 	afterFirst := append([]float32(nil), must(d.Next(ctx))...)
-	require.NoError(t, d.Rollback(5))
+	require.NoError(t, d.Rewind(5))
 	assert.Equal(t, first[:5], d.Generated())
 	again := draw(7, 8)
-	require.NoError(t, d.Rollback(5))
+	require.NoError(t, d.Rewind(5))
 	redo := draw(7, 8)
 	assert.Equal(t, again, redo, "same seed after the same rollback: same tokens")
 
 	// Rolling back everything and replaying the first tokens gives back the
 	// same distribution.
-	require.NoError(t, d.Rollback(0))
+	require.NoError(t, d.Rewind(0))
 	d.Push(first...)
 	got, err := d.Next(ctx)
 	require.NoError(t, err)
 	assert.InDeltaSlice(t, afterFirst, got, 1e-6)
-	require.ErrorIs(t, d.Rollback(100), engine.ErrInvalidInput)
+	require.ErrorIs(t, d.Rewind(100), engine.ErrInvalidInput)
 }
 
 func must[T any](v T, err error) T {
@@ -172,7 +172,7 @@ func TestVerifyCommitEqualsStepByStep(t *testing.T) {
 	// Accept two, correct the third: the KV keeps exactly two draft tokens.
 	corr := engine.Token(fake.ByteOffset + 'x')
 	require.NoError(t, d.Commit(draft, 2, []engine.Token{draft[0], draft[1], corr}))
-	require.NoError(t, ref.Rollback(2))
+	require.NoError(t, ref.Rewind(2))
 	ref.Push(corr)
 	for s := range d.Seqs() {
 		assert.Equal(t, len(d.Prompt(s))+2, d.ectx.SeqLen(s), "sequence %d holds the accepted tokens only", s)
@@ -368,7 +368,7 @@ func TestAbortLeavesDecoderUsable(t *testing.T) {
 	_, err = d.Verify(ctx, []engine.Token{1 + fake.ByteOffset, 2 + fake.ByteOffset, 3 + fake.ByteOffset, 4 + fake.ByteOffset})
 	close(done)
 	require.ErrorIs(t, err, engine.ErrAborted)
-	require.NoError(t, d.Rollback(0))
+	require.NoError(t, d.Rewind(0))
 	got, err := d.Next(ctx)
 	require.NoError(t, err)
 	assert.InDeltaSlice(t, before, got, 1e-6)
@@ -430,4 +430,62 @@ func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
 		learned += fast.acc.Attempts(m)
 	}
 	assert.Greater(t, learned, 1.5*float64(verified), "acceptance learned from %v draft tokens, %d of them verified", learned, verified)
+}
+
+// TestStepAndRewind drives a speculating decoder the way a distributed
+// session does: Step with a limit, then Rewind to an earlier prefix and a
+// token the other side decided; the distributions afterwards equal those of
+// a decoder that decoded that prefix plainly.
+func TestStepAndRewind(t *testing.T) {
+	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1}
+	spec := specdec.DefaultOptions()
+	_, d := newFakeWith(t, copier, Options{Spec: spec, NoCostModel: true})
+	_, ref := newFakeWith(t, copier, Options{})
+	ctx := context.Background()
+	query := "Repeat: the lamp, the lamp, the lamp at dusk; the lamp at dawn"
+	require.NoError(t, d.Start(ctx, query, threePassages))
+	defer d.Finish()
+	greedy := func(mix []float32, _ int, _ []engine.Token) (engine.Token, error) {
+		return engine.Token(sampling.Argmax(mix)), nil
+	}
+	burst := false
+	for len(d.Generated()) < 30 {
+		limit := 1 + len(d.Generated())%4
+		toks, err := d.Step(ctx, greedy, limit)
+		require.NoError(t, err)
+		require.NotEmpty(t, toks)
+		require.LessOrEqual(t, len(toks), limit)
+		burst = burst || len(toks) > 1
+	}
+	assert.True(t, burst, "local drafts were accepted")
+
+	gen := append([]engine.Token(nil), d.Generated()...)
+	other := engine.Token(fake.ByteOffset + 'Z')
+	for _, rewind := range []struct {
+		n    int
+		toks []engine.Token
+	}{{12, []engine.Token{other}}, {5, nil}, {5, []engine.Token{other, other}}} {
+		require.NoError(t, d.Rewind(rewind.n, rewind.toks...))
+		want := append(append([]engine.Token(nil), gen[:rewind.n]...), rewind.toks...)
+		assert.Equal(t, want, d.Generated())
+		require.NoError(t, ref.Begin(ctx, query, threePassages, nil))
+		ref.Push(want...)
+		for range 6 {
+			wantMix := append([]float32(nil), must(ref.Next(ctx))...)
+			var gotMix []float32
+			toks, err := d.Step(ctx, func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
+				gotMix = append([]float32(nil), mix...)
+				return greedy(mix, pos, hist)
+			}, 1)
+			require.NoError(t, err)
+			require.InDeltaSlice(t, wantMix, gotMix, 1e-6)
+			tok := engine.Token(sampling.Argmax(wantMix))
+			require.Equal(t, []engine.Token{tok}, toks)
+			ref.Push(tok)
+		}
+		gen = append([]engine.Token(nil), d.Generated()...)
+	}
+	require.ErrorIs(t, d.Rewind(len(d.Generated())+1), engine.ErrInvalidInput)
+	_, err := d.Step(ctx, greedy, 0)
+	require.ErrorIs(t, err, engine.ErrInvalidInput)
 }

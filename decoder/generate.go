@@ -2,6 +2,7 @@ package decoder
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -42,6 +43,176 @@ func (r Result) TokensPerSecond() float64 {
 	return float64(len(r.Tokens)-1) / (r.DecodeMS / 1000)
 }
 
+// Chooser decides the token at answer position pos from the
+// locally-aggregated mixture there, given the answer before it. A verified
+// draft token is accepted exactly when it equals the choice, so a side's
+// tokens are the same whether or not it speculated.
+type Chooser func(mix []float32, pos int, history []engine.Token) (engine.Token, error)
+
+// Start begins a generation like Begin and, when speculation is on, opens
+// the drafter on its prompts (calibrated from the prefill's logits when
+// configured).
+func (d *Decoder) Start(ctx context.Context, query string, passages []Passage) error {
+	d.steps = 0
+	d.shadow.Reset()
+	if !d.opts.Spec.Enabled {
+		return d.Begin(ctx, query, passages, nil)
+	}
+	var err error
+	if d.drafter, err = specdec.NewDrafter(d.opts.Spec, d.acc); err != nil {
+		return err
+	}
+	var calib func(int, [][]engine.TokenLogit) error
+	if d.opts.Spec.Calibration {
+		calib = d.calibrate
+	}
+	if err := d.Begin(ctx, query, passages, calib); err != nil {
+		return err
+	}
+	if calib == nil {
+		for s := range d.prompts {
+			d.drafter.AddDocument(d.prompts[s])
+		}
+	}
+	d.drafter.StartAnswer(d.prompts[0])
+	d.cost.Seqs = len(d.prompts)
+	return nil
+}
+
+// Finish closes the generation's answer in the drafter, which keeps it as
+// an earlier answer to draft from.
+func (d *Decoder) Finish() {
+	if d.drafter != nil {
+		d.drafter.EndAnswer()
+	}
+}
+
+// Room is how many more tokens the answer can take.
+func (d *Decoder) Room() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
+
+// Steps is the number of forward passes since Start.
+func (d *Decoder) Steps() int { return d.steps }
+
+// SpecStats are local speculation's counters since Start.
+func (d *Decoder) SpecStats() specdec.Stats { return d.stats }
+
+// Step runs one forward pass after the answer so far and returns the tokens
+// it decides, which join the answer: one for a plain step; for a verified
+// local draft (when speculation is on and the cost model expects a gain),
+// the accepted draft tokens and the choice after them. It decides at most
+// limit tokens (≥ 1). On error the decoder is as it was before the call;
+// an abort (Abort, or ctx cancelled) returns an error wrapping
+// engine.ErrAborted.
+func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine.Token, error) {
+	room := d.Room()
+	if room <= 0 {
+		return nil, fmt.Errorf("decoder: %w: the answer fills the context of %d per sequence", engine.ErrContextFull, d.opts.CtxPerSeq)
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("decoder: %w: step limit %d", engine.ErrInvalidInput, limit)
+	}
+	specOn := d.opts.Spec.Enabled
+	if specOn && d.branches > 1 {
+		return d.treeStep(ctx, choose, min(room, limit))
+	}
+	var draft specdec.Draft
+	plan := specdec.Plan{}
+	if specOn {
+		draft = d.drafter.Draft()
+		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1, limit-1))]
+		plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
+		if d.opts.NoCostModel && len(draft.Tokens) > 0 {
+			plan = d.cost.Plan(draft.MatchLen, len(draft.Tokens))
+		}
+	}
+	stepStart := time.Now()
+	if plan.Gamma == 0 {
+		mix, err := d.Next(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tok, err := choose(mix, len(d.gen), d.gen)
+		if err != nil {
+			return nil, err
+		}
+		d.steps++
+		d.Push(tok)
+		if specOn {
+			d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
+			d.shadow.Offer(draft)
+			d.shadow.Emitted(d.acc, tok)
+			if err := d.drafter.Append(tok); err != nil {
+				return nil, err
+			}
+		}
+		return []engine.Token{tok}, nil
+	}
+	d.shadow.Reset()
+	toks := draft.Tokens[:plan.Gamma]
+	rows, err := d.Verify(ctx, toks)
+	if err != nil {
+		return nil, err
+	}
+	verifyMS := since(stepStart)
+	// The target's own choice at each row; a draft token is accepted while
+	// it equals that choice (see Chooser).
+	chosen := make([]engine.Token, len(rows))
+	hist := d.gen
+	for i, r := range rows {
+		if chosen[i], err = choose(r, len(d.gen)+i, hist); err != nil {
+			return nil, errors.Join(err, d.truncateKV(len(d.gen)))
+		}
+		if i < len(toks) {
+			hist = append(hist[:len(hist):len(hist)], toks[i])
+		}
+	}
+	v, err := specdec.VerifyGreedy(toks, chosen)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.Commit(toks, v.Accepted, v.Emit); err != nil {
+		return nil, err
+	}
+	d.steps++
+	d.drafter.Verified(toks, chosen)
+	if err := d.drafter.Append(v.Emit...); err != nil {
+		return nil, err
+	}
+	d.cost.Observe(plan, specdec.Outcome{
+		Accepted: v.Accepted, Attempted: v.Attempted,
+		Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
+	})
+	d.stats.Record(len(toks), v.Accepted, draft.MatchLen == specdec.MatchReuse)
+	return v.Emit, nil
+}
+
+// Rewind keeps the first n tokens of the answer and continues it with toks:
+// what the other side's aggregator decided instead of this side's draft.
+// The KV cache keeps everything it holds of the kept prefix.
+func (d *Decoder) Rewind(n int, toks ...engine.Token) error {
+	if n < 0 || n > len(d.gen) {
+		return fmt.Errorf("decoder: %w: rewind to %d of %d tokens", engine.ErrInvalidInput, n, len(d.gen))
+	}
+	if d.drafter != nil {
+		if err := d.drafter.Rollback(len(d.gen) - n); err != nil {
+			return fmt.Errorf("decoder: %w", err)
+		}
+		if err := d.drafter.Append(toks...); err != nil {
+			return fmt.Errorf("decoder: %w", err)
+		}
+	}
+	d.shadow.Reset()
+	if n < len(d.gen) {
+		d.gen = d.gen[:n]
+		d.nextValid = false
+		if err := d.truncateKV(n); err != nil {
+			return err
+		}
+	}
+	d.Push(toks...)
+	return nil
+}
+
 // Generate runs a local generation: retrieval-conditioned decoding with
 // sampling, accelerated by speculative decoding when Options.Spec is on.
 // emit, when not nil, receives each decided token with the text it
@@ -54,34 +225,11 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	if req.MaxTokens <= 0 {
 		req.MaxTokens = 256
 	}
-	specOn := d.opts.Spec.Enabled
-	var calib func(int, [][]engine.TokenLogit) error
-	if specOn {
-		// The drafter's documents are this generation's prompts (passage +
-		// query); calibration hangs the model's own top successors, read
-		// from the prefill, off their positions.
-		var err error
-		if d.drafter, err = specdec.NewDrafter(d.opts.Spec, d.acc); err != nil {
-			return res, err
-		}
-		if d.opts.Spec.Calibration {
-			calib = d.calibrate
-		}
-	}
 	start := time.Now()
-	if err := d.Begin(ctx, req.Query, req.Passages, calib); err != nil {
+	if err := d.Start(ctx, req.Query, req.Passages); err != nil {
 		return res, err
 	}
-	if specOn {
-		if calib == nil {
-			for s := range d.prompts {
-				d.drafter.AddDocument(d.prompts[s])
-			}
-		}
-		d.drafter.StartAnswer(d.prompts[0])
-		defer d.drafter.EndAnswer()
-	}
-	d.cost.Seqs = len(d.prompts)
+	defer d.Finish()
 	res.PrefillMS = since(start)
 
 	detok := engine.NewDetokenizer(d.model)
@@ -135,133 +283,45 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	// (sampling.Params.Uniform). Plain and speculative decoding both decide
 	// every position this way, so they emit the same answer for a seed.
 	var scores []float32
-	choose := func(mix []float32, pos int, history []engine.Token) engine.Token {
+	choose := func(mix []float32, pos int, history []engine.Token) (engine.Token, error) {
 		if greedyPlain {
-			return engine.Token(sampling.Argmax(mix))
+			return engine.Token(sampling.Argmax(mix)), nil
 		}
 		scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
 		for i, p := range mix {
 			scores[i] = float32(math.Log(float64(p)))
 		}
 		probs = req.Sampling.Dist(scores, history, probs)
-		return sampling.DrawU(probs, req.Sampling.Uniform(pos))
+		return sampling.DrawU(probs, req.Sampling.Uniform(pos)), nil
 	}
-	room := func() int { return d.opts.CtxPerSeq - d.longestPrompt() - len(d.gen) - 1 }
-	// While the cost model keeps drafts unverified, the shadow learns their
-	// acceptance from what plain decoding emits, at no cost.
-	var shadow specdec.Shadow
-
-	for {
-		if room() <= 0 {
-			res.Stopped = "context"
-			break
-		}
-		var draft specdec.Draft
-		plan := specdec.Plan{}
-		if specOn && d.branches > 1 {
-			done, err := d.treeStep(ctx, &res, &shadow, choose, decide, room())
-			if err != nil || done {
-				res.Text = text.String() + detok.Flush()
-				res.DecodeMS = sinceOr(decodeStart)
-				return res, err
-			}
-			continue
-		}
-		if specOn {
-			draft = d.drafter.Draft()
-			draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room()-1))]
-			plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
-			if d.opts.NoCostModel && len(draft.Tokens) > 0 {
-				plan = d.cost.Plan(draft.MatchLen, len(draft.Tokens))
-			}
-		}
-		stepStart := time.Now()
-		if plan.Gamma == 0 {
-			if specOn {
-				shadow.Offer(draft)
-			}
-			mix, err := d.Next(ctx)
-			if err != nil {
-				return res, err
-			}
-			tok := choose(mix, len(d.gen), d.gen)
-			if specOn {
-				d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
-			}
-			res.Steps++
-			d.Push(tok)
-			if specOn {
-				shadow.Emitted(d.acc, tok)
-				if err := d.drafter.Append(tok); err != nil {
-					return res, err
-				}
-			}
-			done, err := decide([]engine.Token{tok})
-			if err != nil || done {
-				res.Text = text.String() + detok.Flush()
-				res.DecodeMS = sinceOr(decodeStart)
-				return res, err
-			}
-			continue
-		}
-		shadow.Reset()
-		toks := draft.Tokens[:plan.Gamma]
-		rows, err := d.Verify(ctx, toks)
-		if err != nil {
-			return res, err
-		}
-		verifyMS := since(stepStart)
-		// The target's own choice at each row; a draft token is accepted
-		// while it equals that choice. Greedy: the argmax. Sampling: the
-		// sample at the position's uniform, which accepts draft x with
-		// probability p(x) and otherwise emits a token distributed as p
-		// without x, renormalized: lossless speculative sampling for a
-		// deterministic draft, coupled to plain sampling's randomness.
-		chosen := make([]engine.Token, len(rows))
-		hist := d.gen
-		for i, r := range rows {
-			chosen[i] = choose(r, len(d.gen)+i, hist)
-			if i < len(toks) {
-				hist = append(hist[:len(hist):len(hist)], toks[i])
-			}
-		}
-		v, err := specdec.VerifyGreedy(toks, chosen)
-		if err != nil {
-			return res, err
-		}
-		if err := d.Commit(toks, v.Accepted, v.Emit); err != nil {
-			return res, err
-		}
-		res.Steps++
-		d.drafter.Verified(toks, chosen)
-		if err := d.drafter.Append(v.Emit...); err != nil {
-			return res, err
-		}
-		d.cost.Observe(plan, specdec.Outcome{
-			Accepted: v.Accepted, Attempted: v.Attempted,
-			Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
-		})
-		d.stats.Record(len(toks), v.Accepted, draft.MatchLen == specdec.MatchReuse)
+	finish := func(err error) (Result, error) {
+		res.Text = text.String() + detok.Flush()
+		res.DecodeMS = sinceOr(decodeStart)
+		res.Steps = d.steps
 		res.Spec = d.stats
-		done, err := decide(v.Emit)
-		if err != nil || done {
-			res.Text = text.String() + detok.Flush()
-			res.DecodeMS = sinceOr(decodeStart)
-			return res, err
+		return res, err
+	}
+	for {
+		if d.Room() <= 0 {
+			res.Stopped = "context"
+			return finish(nil)
+		}
+		toks, err := d.Step(ctx, choose, d.Room())
+		if err != nil {
+			return finish(err)
+		}
+		if done, err := decide(toks); err != nil || done {
+			return finish(err)
 		}
 	}
-	res.Text = text.String() + detok.Flush()
-	res.DecodeMS = sinceOr(decodeStart)
-	return res, nil
 }
 
 // treeStep is one step with a token tree (Lever §4.2): grown from the
 // drafter's candidates while it raises expected tokens per millisecond
 // (with NoCostModel: as far as the candidates and the budget go), verified
 // in one batch, walked along the target's own choices. A tree of the root
-// alone is a plain decoding step.
-func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *specdec.Shadow, choose func([]float32, int, []engine.Token) engine.Token,
-	decide func([]engine.Token) (bool, error), room int) (bool, error) {
+// alone is a plain decoding step. It decides at most limit tokens.
+func (d *Decoder) treeStep(ctx context.Context, choose Chooser, limit int) ([]engine.Token, error) {
 	var root engine.Token
 	if len(d.gen) > 0 {
 		root = d.gen[len(d.gen)-1]
@@ -270,7 +330,7 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *specdec.Sha
 	tree := specdec.NewTree(root)
 	tree.Finish()
 	free := func(int, int) float64 { return 1 } // grows a tree as far as the candidates go
-	if depth := min(d.opts.Spec.MaxDraft, room-1); depth > 0 {
+	if depth := min(d.opts.Spec.MaxDraft, limit-1); depth > 0 {
 		cost := d.cost.TreeCost
 		if d.opts.NoCostModel {
 			cost = free
@@ -282,10 +342,10 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *specdec.Sha
 		// The likeliest linear draft, shadowed: trees are weighed with
 		// the same per-bucket acceptance.
 		draft := d.drafter.Draft()
-		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1))]
-		shadow.Offer(draft)
+		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), limit-1))]
+		d.shadow.Offer(draft)
 	} else {
-		shadow.Reset()
+		d.shadow.Reset()
 	}
 	start := time.Now()
 	var (
@@ -300,42 +360,46 @@ func (d *Decoder) treeStep(ctx context.Context, res *Result, shadow *specdec.Sha
 		rows, err = d.VerifyTree(ctx, tree)
 	}
 	if err != nil {
-		return true, err
+		return nil, err
 	}
 	verifyMS := since(start)
 	// The target's own choice after each node, given the node's path (see
-	// choose): following the matching child reproduces plain decoding.
+	// Chooser): following the matching child reproduces plain decoding.
 	chosen := make([]engine.Token, len(rows))
 	for i, r := range rows {
 		path := tree.Tokens(tree.Path(i))
-		chosen[i] = choose(r, len(d.gen)+len(path), append(d.gen[:len(d.gen):len(d.gen)], path...))
+		if chosen[i], err = choose(r, len(d.gen)+len(path), append(d.gen[:len(d.gen):len(d.gen)], path...)); err != nil {
+			if tree.Size() > 0 {
+				err = errors.Join(err, d.dropTree(tree))
+			}
+			return nil, err
+		}
 	}
 	v, err := tree.VerifyGreedy(chosen)
 	if err != nil {
-		return true, err
+		return nil, err
 	}
 	if tree.Size() == 0 {
 		d.Push(v.Emit...)
 	} else if err := d.CommitTree(tree, v); err != nil {
-		return true, err
+		return nil, err
 	}
-	res.Steps++
+	d.steps++
 	if tree.Size() > 0 {
 		d.drafter.VerifiedTree(tree, chosen, v)
 		d.stats.RecordTree(tree, v.Accepted)
-		res.Spec = d.stats
 	}
 	if tree.Size() == 0 {
-		shadow.Emitted(d.acc, v.Emit...)
+		d.shadow.Emitted(d.acc, v.Emit...)
 	}
 	if err := d.drafter.Append(v.Emit...); err != nil {
-		return true, err
+		return nil, err
 	}
 	d.cost.Observe(plan, specdec.Outcome{
 		Accepted: v.Accepted, Attempted: v.Attempted,
 		Rows: len(rows) * len(d.prompts), Seqs: len(tree.Leaves) * len(d.prompts), VerifyMs: verifyMS,
 	})
-	return decide(v.Emit)
+	return v.Emit, nil
 }
 
 func sinceOr(t time.Time) float64 {

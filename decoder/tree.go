@@ -160,3 +160,21 @@ func (d *Decoder) CommitTree(tree *specdec.Tree, v specdec.TreeVerdict) error {
 	d.nextValid = false
 	return nil
 }
+
+// dropTree removes a verified tree's rows from every sequence, leaving the
+// answer as it was before VerifyTree.
+func (d *Decoder) dropTree(tree *specdec.Tree) error {
+	for s, p := range d.prompts {
+		base := len(p) + len(d.gen)
+		if err := d.ectx.Truncate(s, base); err != nil {
+			return fmt.Errorf("decoder: drop tree, sequence %d: %w", s, err)
+		}
+		for b := 1; b < len(tree.Leaves); b++ {
+			if err := d.ectx.Truncate(d.branchSeq(s, b), 0); err != nil {
+				return fmt.Errorf("decoder: drop tree, branch %d of sequence %d: %w", b, s, err)
+			}
+		}
+		d.held[s] = base
+	}
+	return nil
+}
