@@ -96,7 +96,18 @@ type GenerateRequest struct {
 	// MODE_UNSPECIFIED means the daemon's default.
 	Mode Mode `protobuf:"varint,6,opt,name=mode,proto3,enum=dragon.v1.Mode" json:"mode,omitempty"`
 	// Probability mass the distribution codec keeps; 0 means 0.8.
-	CodecTopP     float32 `protobuf:"fixed32,7,opt,name=codec_top_p,json=codecTopP,proto3" json:"codec_top_p,omitempty"`
+	CodecTopP float32 `protobuf:"fixed32,7,opt,name=codec_top_p,json=codecTopP,proto3" json:"codec_top_p,omitempty"`
+	// How the aggregator is placed (MODE_SPECULATIVE_AGGREGATION);
+	// unspecified means the daemon's default (greedy).
+	Strategy Strategy `protobuf:"varint,8,opt,name=strategy,proto3,enum=dragon.v1.Strategy" json:"strategy,omitempty"`
+	// Side that aggregates first; unspecified means the device.
+	Aggregator Side `protobuf:"varint,9,opt,name=aggregator,proto3,enum=dragon.v1.Side" json:"aggregator,omitempty"`
+	// When not 0, the aggregator moves every that many steps whatever the
+	// strategy says (tests and experiments).
+	SwitchEvery uint32 `protobuf:"varint,10,opt,name=switch_every,json=switchEvery,proto3" json:"switch_every,omitempty"`
+	// Record each side's decoding times and draft acceptance in the summary
+	// (a trace for `dragon bench sched`).
+	RecordTrace   bool `protobuf:"varint,11,opt,name=record_trace,json=recordTrace,proto3" json:"record_trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -178,6 +189,34 @@ func (x *GenerateRequest) GetCodecTopP() float32 {
 		return x.CodecTopP
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetStrategy() Strategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return Strategy_STRATEGY_UNSPECIFIED
+}
+
+func (x *GenerateRequest) GetAggregator() Side {
+	if x != nil {
+		return x.Aggregator
+	}
+	return Side_SIDE_UNSPECIFIED
+}
+
+func (x *GenerateRequest) GetSwitchEvery() uint32 {
+	if x != nil {
+		return x.SwitchEvery
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetRecordTrace() bool {
+	if x != nil {
+		return x.RecordTrace
+	}
+	return false
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -334,7 +373,7 @@ type GenerateSummary struct {
 	// The full answer.
 	Text   string `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
 	Tokens uint32 `protobuf:"varint,3,opt,name=tokens,proto3" json:"tokens,omitempty"`
-	// Mode actually used (LOCAL_ONLY when the cloud was unreachable).
+	// Mode actually used.
 	Mode Mode `protobuf:"varint,4,opt,name=mode,proto3,enum=dragon.v1.Mode" json:"mode,omitempty"`
 	// Time to first token, from request to first decided token.
 	Ttft *durationpb.Duration `protobuf:"bytes,5,opt,name=ttft,proto3" json:"ttft,omitempty"`
@@ -354,6 +393,19 @@ type GenerateSummary struct {
 	// Bytes of PeerMessages on the peer stream.
 	BytesSent     uint64 `protobuf:"varint,14,opt,name=bytes_sent,json=bytesSent,proto3" json:"bytes_sent,omitempty"`
 	BytesReceived uint64 `protobuf:"varint,15,opt,name=bytes_received,json=bytesReceived,proto3" json:"bytes_received,omitempty"`
+	// Tokens per second after the first token.
+	TokensPerSecond float64 `protobuf:"fixed64,16,opt,name=tokens_per_second,json=tokensPerSecond,proto3" json:"tokens_per_second,omitempty"`
+	// Passages each side used.
+	PassagesDevice uint32 `protobuf:"varint,17,opt,name=passages_device,json=passagesDevice,proto3" json:"passages_device,omitempty"`
+	PassagesCloud  uint32 `protobuf:"varint,18,opt,name=passages_cloud,json=passagesCloud,proto3" json:"passages_cloud,omitempty"`
+	// Steps decided on each side.
+	StepsAggregatedDevice uint64 `protobuf:"varint,19,opt,name=steps_aggregated_device,json=stepsAggregatedDevice,proto3" json:"steps_aggregated_device,omitempty"`
+	StepsAggregatedCloud  uint64 `protobuf:"varint,20,opt,name=steps_aggregated_cloud,json=stepsAggregatedCloud,proto3" json:"steps_aggregated_cloud,omitempty"`
+	// Forward passes and local-speculation tokens accepted on the device.
+	ForwardPassesDevice            uint64 `protobuf:"varint,21,opt,name=forward_passes_device,json=forwardPassesDevice,proto3" json:"forward_passes_device,omitempty"`
+	LocalDraftTokensAcceptedDevice uint64 `protobuf:"varint,22,opt,name=local_draft_tokens_accepted_device,json=localDraftTokensAcceptedDevice,proto3" json:"local_draft_tokens_accepted_device,omitempty"`
+	// The trace, when the request asked for one.
+	Trace         *Trace `protobuf:"bytes,23,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -493,6 +545,133 @@ func (x *GenerateSummary) GetBytesReceived() uint64 {
 	return 0
 }
 
+func (x *GenerateSummary) GetTokensPerSecond() float64 {
+	if x != nil {
+		return x.TokensPerSecond
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetPassagesDevice() uint32 {
+	if x != nil {
+		return x.PassagesDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetPassagesCloud() uint32 {
+	if x != nil {
+		return x.PassagesCloud
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetStepsAggregatedDevice() uint64 {
+	if x != nil {
+		return x.StepsAggregatedDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetStepsAggregatedCloud() uint64 {
+	if x != nil {
+		return x.StepsAggregatedCloud
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetForwardPassesDevice() uint64 {
+	if x != nil {
+		return x.ForwardPassesDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetLocalDraftTokensAcceptedDevice() uint64 {
+	if x != nil {
+		return x.LocalDraftTokensAcceptedDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetTrace() *Trace {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
+}
+
+// Trace records a generation for the scheduling simulator.
+type Trace struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Decoding time per draft token of each side, in draft order.
+	DecodeMsDevice []float64 `protobuf:"fixed64,1,rep,packed,name=decode_ms_device,json=decodeMsDevice,proto3" json:"decode_ms_device,omitempty"`
+	DecodeMsCloud  []float64 `protobuf:"fixed64,2,rep,packed,name=decode_ms_cloud,json=decodeMsCloud,proto3" json:"decode_ms_cloud,omitempty"`
+	// Whether each step's drafts were accepted.
+	AcceptDevice  []bool `protobuf:"varint,3,rep,packed,name=accept_device,json=acceptDevice,proto3" json:"accept_device,omitempty"`
+	AcceptCloud   []bool `protobuf:"varint,4,rep,packed,name=accept_cloud,json=acceptCloud,proto3" json:"accept_cloud,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Trace) Reset() {
+	*x = Trace{}
+	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Trace) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Trace) ProtoMessage() {}
+
+func (x *Trace) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Trace.ProtoReflect.Descriptor instead.
+func (*Trace) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Trace) GetDecodeMsDevice() []float64 {
+	if x != nil {
+		return x.DecodeMsDevice
+	}
+	return nil
+}
+
+func (x *Trace) GetDecodeMsCloud() []float64 {
+	if x != nil {
+		return x.DecodeMsCloud
+	}
+	return nil
+}
+
+func (x *Trace) GetAcceptDevice() []bool {
+	if x != nil {
+		return x.AcceptDevice
+	}
+	return nil
+}
+
+func (x *Trace) GetAcceptCloud() []bool {
+	if x != nil {
+		return x.AcceptCloud
+	}
+	return nil
+}
+
 // HealthRequest asks for the daemon's health.
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -502,7 +681,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	mi := &file_dragon_v1_device_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +693,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	mi := &file_dragon_v1_device_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +706,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{4}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{5}
 }
 
 // HealthResponse reports the daemon's health.
@@ -535,7 +714,7 @@ type HealthResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The daemon accepts Generate calls.
 	Serving bool `protobuf:"varint,1,opt,name=serving,proto3" json:"serving,omitempty"`
-	// The cloud peer is reachable; without it generations run LOCAL_ONLY.
+	// The cloud peer is reachable.
 	CloudConnected   bool   `protobuf:"varint,2,opt,name=cloud_connected,json=cloudConnected,proto3" json:"cloud_connected,omitempty"`
 	ModelName        string `protobuf:"bytes,3,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
 	ModelFingerprint string `protobuf:"bytes,4,opt,name=model_fingerprint,json=modelFingerprint,proto3" json:"model_fingerprint,omitempty"`
@@ -546,7 +725,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_dragon_v1_device_proto_msgTypes[5]
+	mi := &file_dragon_v1_device_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +737,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[5]
+	mi := &file_dragon_v1_device_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +750,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{5}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HealthResponse) GetServing() bool {
@@ -618,7 +797,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_dragon_v1_device_proto_msgTypes[6]
+	mi := &file_dragon_v1_device_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +809,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[6]
+	mi := &file_dragon_v1_device_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +822,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{6}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{7}
 }
 
 // StatsResponse holds counters since the daemon started.
@@ -670,7 +849,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_dragon_v1_device_proto_msgTypes[7]
+	mi := &file_dragon_v1_device_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +861,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[7]
+	mi := &file_dragon_v1_device_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +874,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{7}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatsResponse) GetUptime() *durationpb.Duration {
@@ -800,7 +979,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\x8d\x02\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb5\x03\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -808,7 +987,14 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x0fpassages_device\x18\x04 \x01(\rR\x0epassagesDevice\x12%\n" +
 	"\x0epassages_cloud\x18\x05 \x01(\rR\rpassagesCloud\x12#\n" +
 	"\x04mode\x18\x06 \x01(\x0e2\x0f.dragon.v1.ModeR\x04mode\x12\x1e\n" +
-	"\vcodec_top_p\x18\a \x01(\x02R\tcodecTopP\"\x81\x01\n" +
+	"\vcodec_top_p\x18\a \x01(\x02R\tcodecTopP\x12/\n" +
+	"\bstrategy\x18\b \x01(\x0e2\x13.dragon.v1.StrategyR\bstrategy\x12/\n" +
+	"\n" +
+	"aggregator\x18\t \x01(\x0e2\x0f.dragon.v1.SideR\n" +
+	"aggregator\x12!\n" +
+	"\fswitch_every\x18\n" +
+	" \x01(\rR\vswitchEvery\x12!\n" +
+	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
@@ -817,7 +1003,7 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"TokenChunk\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"\xdb\x05\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\xed\b\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -835,7 +1021,20 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\fstale_drafts\x18\r \x01(\x04R\vstaleDrafts\x12\x1d\n" +
 	"\n" +
 	"bytes_sent\x18\x0e \x01(\x04R\tbytesSent\x12%\n" +
-	"\x0ebytes_received\x18\x0f \x01(\x04R\rbytesReceived\"\x0f\n" +
+	"\x0ebytes_received\x18\x0f \x01(\x04R\rbytesReceived\x12*\n" +
+	"\x11tokens_per_second\x18\x10 \x01(\x01R\x0ftokensPerSecond\x12'\n" +
+	"\x0fpassages_device\x18\x11 \x01(\rR\x0epassagesDevice\x12%\n" +
+	"\x0epassages_cloud\x18\x12 \x01(\rR\rpassagesCloud\x126\n" +
+	"\x17steps_aggregated_device\x18\x13 \x01(\x04R\x15stepsAggregatedDevice\x124\n" +
+	"\x16steps_aggregated_cloud\x18\x14 \x01(\x04R\x14stepsAggregatedCloud\x122\n" +
+	"\x15forward_passes_device\x18\x15 \x01(\x04R\x13forwardPassesDevice\x12J\n" +
+	"\"local_draft_tokens_accepted_device\x18\x16 \x01(\x04R\x1elocalDraftTokensAcceptedDevice\x12&\n" +
+	"\x05trace\x18\x17 \x01(\v2\x10.dragon.v1.TraceR\x05trace\"\xa1\x01\n" +
+	"\x05Trace\x12(\n" +
+	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
+	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
+	"\raccept_device\x18\x03 \x03(\bR\facceptDevice\x12!\n" +
+	"\faccept_cloud\x18\x04 \x03(\bR\vacceptCloud\"\x0f\n" +
 	"\rHealthRequest\"\xca\x01\n" +
 	"\x0eHealthResponse\x12\x18\n" +
 	"\aserving\x18\x01 \x01(\bR\aserving\x12'\n" +
@@ -886,48 +1085,54 @@ func file_dragon_v1_device_proto_rawDescGZIP() []byte {
 }
 
 var file_dragon_v1_device_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dragon_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_dragon_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_dragon_v1_device_proto_goTypes = []any{
 	(FinishReason)(0),           // 0: dragon.v1.FinishReason
 	(*GenerateRequest)(nil),     // 1: dragon.v1.GenerateRequest
 	(*GenerateResponse)(nil),    // 2: dragon.v1.GenerateResponse
 	(*TokenChunk)(nil),          // 3: dragon.v1.TokenChunk
 	(*GenerateSummary)(nil),     // 4: dragon.v1.GenerateSummary
-	(*HealthRequest)(nil),       // 5: dragon.v1.HealthRequest
-	(*HealthResponse)(nil),      // 6: dragon.v1.HealthResponse
-	(*StatsRequest)(nil),        // 7: dragon.v1.StatsRequest
-	(*StatsResponse)(nil),       // 8: dragon.v1.StatsResponse
-	(*SamplingParams)(nil),      // 9: dragon.v1.SamplingParams
-	(Mode)(0),                   // 10: dragon.v1.Mode
-	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
+	(*Trace)(nil),               // 5: dragon.v1.Trace
+	(*HealthRequest)(nil),       // 6: dragon.v1.HealthRequest
+	(*HealthResponse)(nil),      // 7: dragon.v1.HealthResponse
+	(*StatsRequest)(nil),        // 8: dragon.v1.StatsRequest
+	(*StatsResponse)(nil),       // 9: dragon.v1.StatsResponse
+	(*SamplingParams)(nil),      // 10: dragon.v1.SamplingParams
+	(Mode)(0),                   // 11: dragon.v1.Mode
+	(Strategy)(0),               // 12: dragon.v1.Strategy
+	(Side)(0),                   // 13: dragon.v1.Side
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_dragon_v1_device_proto_depIdxs = []int32{
-	9,  // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
-	10, // 1: dragon.v1.GenerateRequest.mode:type_name -> dragon.v1.Mode
-	3,  // 2: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
-	4,  // 3: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
-	0,  // 4: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
-	10, // 5: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
-	11, // 6: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
-	11, // 7: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
-	11, // 8: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
-	11, // 9: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
-	11, // 10: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
-	11, // 11: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	11, // 12: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
-	11, // 13: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
-	11, // 14: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
-	1,  // 15: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
-	5,  // 16: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
-	7,  // 17: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
-	2,  // 18: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
-	6,  // 19: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
-	8,  // 20: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
-	18, // [18:21] is the sub-list for method output_type
-	15, // [15:18] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	10, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
+	11, // 1: dragon.v1.GenerateRequest.mode:type_name -> dragon.v1.Mode
+	12, // 2: dragon.v1.GenerateRequest.strategy:type_name -> dragon.v1.Strategy
+	13, // 3: dragon.v1.GenerateRequest.aggregator:type_name -> dragon.v1.Side
+	3,  // 4: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
+	4,  // 5: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
+	0,  // 6: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
+	11, // 7: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
+	14, // 8: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
+	14, // 9: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
+	14, // 10: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
+	14, // 11: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
+	14, // 12: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
+	5,  // 13: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
+	14, // 14: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	14, // 15: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
+	14, // 16: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
+	14, // 17: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
+	1,  // 18: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
+	6,  // 19: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
+	8,  // 20: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
+	2,  // 21: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
+	7,  // 22: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
+	9,  // 23: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
+	21, // [21:24] is the sub-list for method output_type
+	18, // [18:21] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_device_proto_init() }
@@ -946,7 +1151,7 @@ func file_dragon_v1_device_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_device_proto_rawDesc), len(file_dragon_v1_device_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

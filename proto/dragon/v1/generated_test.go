@@ -64,15 +64,15 @@ func TestGeneratedCodeIsCurrent(t *testing.T) {
 }
 
 func TestPeerMessageRoundTrip(t *testing.T) {
-	in := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Draft{Draft: &dragonv1.Draft{
-		SessionId: 7, Step: 151935, Epoch: 2, Token: 151935,
+	in := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Drafts{Drafts: &dragonv1.Drafts{SessionId: 7, Drafts: []*dragonv1.Draft{{
+		Step: 151935, Epoch: 2, Token: 151935,
 		Distribution: []byte{0x10, 1, 0, 0, 0x3c}, LogRelevanceMass: -1.5, DecodeTimeUs: 12000,
-		Side: dragonv1.Side_SIDE_CLOUD,
-	}}}
+		Side: dragonv1.Side_SIDE_CLOUD, Context: 300,
+	}}}}}
 	b, err := proto.Marshal(in)
 	require.NoError(t, err)
 	var out dragonv1.PeerMessage
 	require.NoError(t, proto.Unmarshal(b, &out))
 	assert.True(t, proto.Equal(in, &out))
-	assert.Equal(t, int32(151935), out.GetDraft().GetToken())
+	assert.Equal(t, int32(151935), out.GetDrafts().GetDrafts()[0].GetToken())
 }

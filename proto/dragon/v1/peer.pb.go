@@ -76,20 +76,33 @@ func (Side) EnumDescriptor() ([]byte, []int) {
 	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
-// Mode is how the two sides combine their distributions.
+// Mode is how the two sides combine their passages.
 type Mode int32
 
 const (
 	Mode_MODE_UNSPECIFIED Mode = 0
 	// Speculative Aggregation (DRAGON Algorithm 1): both sides draft ahead and
-	// an aggregator verifies pairs of drafts.
+	// an aggregator, on the side the scheduler picks, verifies pairs of
+	// drafts.
 	Mode_MODE_SPECULATIVE_AGGREGATION Mode = 1
 	// Token-wise synchronisation (DRDG/TW): each step waits for both
-	// distributions before sampling from their mixture.
+	// distributions before the device samples from their mixture.
 	Mode_MODE_TOKEN_WISE_SYNC Mode = 2
-	// Local only: the device answers from its own documents; the cloud is not
-	// used (or is gone).
-	Mode_MODE_LOCAL_ONLY Mode = 3
+	// The device answers from its own passages alone; the cloud is not used.
+	Mode_MODE_DEVICE_ONLY Mode = 3
+	// Sequence-wise synchronisation (DRDG/SW, after REPLUG and RAG-Sequence):
+	// each side generates a whole candidate alone, the candidates are
+	// exchanged once, each side scores both under its own passages, and the
+	// candidate with the higher mixture likelihood is the answer.
+	Mode_MODE_SEQUENCE_WISE_SYNC Mode = 4
+	// The cloud answers from its own passages alone and streams the tokens.
+	Mode_MODE_CLOUD_ONLY Mode = 5
+	// DRCG/Text: the device fetches the cloud's passages as text and decodes
+	// them with its own, concatenated into one prompt.
+	Mode_MODE_CONTEXT Mode = 6
+	// DRCG/KV: the cloud prefills its passages and ships their KV state; the
+	// device decodes all passages' sequences and mixes them.
+	Mode_MODE_KV Mode = 7
 )
 
 // Enum value maps for Mode.
@@ -98,13 +111,21 @@ var (
 		0: "MODE_UNSPECIFIED",
 		1: "MODE_SPECULATIVE_AGGREGATION",
 		2: "MODE_TOKEN_WISE_SYNC",
-		3: "MODE_LOCAL_ONLY",
+		3: "MODE_DEVICE_ONLY",
+		4: "MODE_SEQUENCE_WISE_SYNC",
+		5: "MODE_CLOUD_ONLY",
+		6: "MODE_CONTEXT",
+		7: "MODE_KV",
 	}
 	Mode_value = map[string]int32{
 		"MODE_UNSPECIFIED":             0,
 		"MODE_SPECULATIVE_AGGREGATION": 1,
 		"MODE_TOKEN_WISE_SYNC":         2,
-		"MODE_LOCAL_ONLY":              3,
+		"MODE_DEVICE_ONLY":             3,
+		"MODE_SEQUENCE_WISE_SYNC":      4,
+		"MODE_CLOUD_ONLY":              5,
+		"MODE_CONTEXT":                 6,
+		"MODE_KV":                      7,
 	}
 )
 
@@ -135,6 +156,63 @@ func (Mode) EnumDescriptor() ([]byte, []int) {
 	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{1}
 }
 
+// Strategy picks the aggregating side (DRAGON §5, §7.4).
+type Strategy int32
+
+const (
+	Strategy_STRATEGY_UNSPECIFIED Strategy = 0
+	// Minimise the expected per-token latency (Eq. 7) at each step.
+	Strategy_STRATEGY_GREEDY Strategy = 1
+	Strategy_STRATEGY_DEVICE Strategy = 2
+	Strategy_STRATEGY_CLOUD  Strategy = 3
+	Strategy_STRATEGY_RANDOM Strategy = 4
+)
+
+// Enum value maps for Strategy.
+var (
+	Strategy_name = map[int32]string{
+		0: "STRATEGY_UNSPECIFIED",
+		1: "STRATEGY_GREEDY",
+		2: "STRATEGY_DEVICE",
+		3: "STRATEGY_CLOUD",
+		4: "STRATEGY_RANDOM",
+	}
+	Strategy_value = map[string]int32{
+		"STRATEGY_UNSPECIFIED": 0,
+		"STRATEGY_GREEDY":      1,
+		"STRATEGY_DEVICE":      2,
+		"STRATEGY_CLOUD":       3,
+		"STRATEGY_RANDOM":      4,
+	}
+)
+
+func (x Strategy) Enum() *Strategy {
+	p := new(Strategy)
+	*p = x
+	return p
+}
+
+func (x Strategy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Strategy) Descriptor() protoreflect.EnumDescriptor {
+	return file_dragon_v1_peer_proto_enumTypes[2].Descriptor()
+}
+
+func (Strategy) Type() protoreflect.EnumType {
+	return &file_dragon_v1_peer_proto_enumTypes[2]
+}
+
+func (x Strategy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Strategy.Descriptor instead.
+func (Strategy) EnumDescriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
 // PeerMessage is the envelope of the Session stream.
 type PeerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -142,13 +220,18 @@ type PeerMessage struct {
 	//
 	//	*PeerMessage_Hello
 	//	*PeerMessage_Begin
-	//	*PeerMessage_Draft
-	//	*PeerMessage_Verdict
+	//	*PeerMessage_Drafts
+	//	*PeerMessage_Verdicts
 	//	*PeerMessage_Handover
 	//	*PeerMessage_Ping
 	//	*PeerMessage_Pong
 	//	*PeerMessage_Cancel
 	//	*PeerMessage_Error
+	//	*PeerMessage_Passages
+	//	*PeerMessage_Candidate
+	//	*PeerMessage_Scores
+	//	*PeerMessage_Tokens
+	//	*PeerMessage_Kv
 	Kind          isPeerMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -209,19 +292,19 @@ func (x *PeerMessage) GetBegin() *Begin {
 	return nil
 }
 
-func (x *PeerMessage) GetDraft() *Draft {
+func (x *PeerMessage) GetDrafts() *Drafts {
 	if x != nil {
-		if x, ok := x.Kind.(*PeerMessage_Draft); ok {
-			return x.Draft
+		if x, ok := x.Kind.(*PeerMessage_Drafts); ok {
+			return x.Drafts
 		}
 	}
 	return nil
 }
 
-func (x *PeerMessage) GetVerdict() *Verdict {
+func (x *PeerMessage) GetVerdicts() *Verdicts {
 	if x != nil {
-		if x, ok := x.Kind.(*PeerMessage_Verdict); ok {
-			return x.Verdict
+		if x, ok := x.Kind.(*PeerMessage_Verdicts); ok {
+			return x.Verdicts
 		}
 	}
 	return nil
@@ -272,6 +355,51 @@ func (x *PeerMessage) GetError() *Error {
 	return nil
 }
 
+func (x *PeerMessage) GetPassages() *Passages {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Passages); ok {
+			return x.Passages
+		}
+	}
+	return nil
+}
+
+func (x *PeerMessage) GetCandidate() *Candidate {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Candidate); ok {
+			return x.Candidate
+		}
+	}
+	return nil
+}
+
+func (x *PeerMessage) GetScores() *CandidateScores {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Scores); ok {
+			return x.Scores
+		}
+	}
+	return nil
+}
+
+func (x *PeerMessage) GetTokens() *Tokens {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Tokens); ok {
+			return x.Tokens
+		}
+	}
+	return nil
+}
+
+func (x *PeerMessage) GetKv() *KVChunk {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Kv); ok {
+			return x.Kv
+		}
+	}
+	return nil
+}
+
 type isPeerMessage_Kind interface {
 	isPeerMessage_Kind()
 }
@@ -284,12 +412,12 @@ type PeerMessage_Begin struct {
 	Begin *Begin `protobuf:"bytes,2,opt,name=begin,proto3,oneof"`
 }
 
-type PeerMessage_Draft struct {
-	Draft *Draft `protobuf:"bytes,3,opt,name=draft,proto3,oneof"`
+type PeerMessage_Drafts struct {
+	Drafts *Drafts `protobuf:"bytes,3,opt,name=drafts,proto3,oneof"`
 }
 
-type PeerMessage_Verdict struct {
-	Verdict *Verdict `protobuf:"bytes,4,opt,name=verdict,proto3,oneof"`
+type PeerMessage_Verdicts struct {
+	Verdicts *Verdicts `protobuf:"bytes,4,opt,name=verdicts,proto3,oneof"`
 }
 
 type PeerMessage_Handover struct {
@@ -312,13 +440,33 @@ type PeerMessage_Error struct {
 	Error *Error `protobuf:"bytes,9,opt,name=error,proto3,oneof"`
 }
 
+type PeerMessage_Passages struct {
+	Passages *Passages `protobuf:"bytes,10,opt,name=passages,proto3,oneof"`
+}
+
+type PeerMessage_Candidate struct {
+	Candidate *Candidate `protobuf:"bytes,11,opt,name=candidate,proto3,oneof"`
+}
+
+type PeerMessage_Scores struct {
+	Scores *CandidateScores `protobuf:"bytes,12,opt,name=scores,proto3,oneof"`
+}
+
+type PeerMessage_Tokens struct {
+	Tokens *Tokens `protobuf:"bytes,13,opt,name=tokens,proto3,oneof"`
+}
+
+type PeerMessage_Kv struct {
+	Kv *KVChunk `protobuf:"bytes,14,opt,name=kv,proto3,oneof"`
+}
+
 func (*PeerMessage_Hello) isPeerMessage_Kind() {}
 
 func (*PeerMessage_Begin) isPeerMessage_Kind() {}
 
-func (*PeerMessage_Draft) isPeerMessage_Kind() {}
+func (*PeerMessage_Drafts) isPeerMessage_Kind() {}
 
-func (*PeerMessage_Verdict) isPeerMessage_Kind() {}
+func (*PeerMessage_Verdicts) isPeerMessage_Kind() {}
 
 func (*PeerMessage_Handover) isPeerMessage_Kind() {}
 
@@ -329,6 +477,16 @@ func (*PeerMessage_Pong) isPeerMessage_Kind() {}
 func (*PeerMessage_Cancel) isPeerMessage_Kind() {}
 
 func (*PeerMessage_Error) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Passages) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Candidate) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Scores) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Tokens) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Kv) isPeerMessage_Kind() {}
 
 // Hello is the first message each way. A side refuses a peer whose protocol
 // version or model fingerprint differs from its own (FAILED_PRECONDITION):
@@ -345,7 +503,10 @@ type Hello struct {
 	// Vocabulary size; the codec rejects token ids at or above it.
 	VocabSize uint32 `protobuf:"varint,4,opt,name=vocab_size,json=vocabSize,proto3" json:"vocab_size,omitempty"`
 	// Which daemon is speaking.
-	Side          Side `protobuf:"varint,5,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	Side Side `protobuf:"varint,5,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	// The sender's offline fit of its decoding latency (DRAGON §5.2), for
+	// the scheduler; absent when the sender has none.
+	DecodeFit     *DecodeFit `protobuf:"bytes,6,opt,name=decode_fit,json=decodeFit,proto3" json:"decode_fit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -415,6 +576,75 @@ func (x *Hello) GetSide() Side {
 	return Side_SIDE_UNSPECIFIED
 }
 
+func (x *Hello) GetDecodeFit() *DecodeFit {
+	if x != nil {
+		return x.DecodeFit
+	}
+	return nil
+}
+
+// DecodeFit is c_dec(t) = k_a·t/k_b + k_c milliseconds per draft token at
+// context length t.
+type DecodeFit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	KA            float64                `protobuf:"fixed64,1,opt,name=k_a,json=kA,proto3" json:"k_a,omitempty"`
+	KB            float64                `protobuf:"fixed64,2,opt,name=k_b,json=kB,proto3" json:"k_b,omitempty"`
+	KC            float64                `protobuf:"fixed64,3,opt,name=k_c,json=kC,proto3" json:"k_c,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DecodeFit) Reset() {
+	*x = DecodeFit{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DecodeFit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DecodeFit) ProtoMessage() {}
+
+func (x *DecodeFit) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DecodeFit.ProtoReflect.Descriptor instead.
+func (*DecodeFit) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *DecodeFit) GetKA() float64 {
+	if x != nil {
+		return x.KA
+	}
+	return 0
+}
+
+func (x *DecodeFit) GetKB() float64 {
+	if x != nil {
+		return x.KB
+	}
+	return 0
+}
+
+func (x *DecodeFit) GetKC() float64 {
+	if x != nil {
+		return x.KC
+	}
+	return 0
+}
+
 // SamplingParams shape each side's next-token distribution before it is
 // drafted from and sent.
 type SamplingParams struct {
@@ -429,7 +659,7 @@ type SamplingParams struct {
 	MinP float32 `protobuf:"fixed32,4,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
 	// 1 or 0 disables the repetition penalty.
 	RepetitionPenalty float32 `protobuf:"fixed32,5,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"`
-	// Seed of the side's sampler and of the aggregator's uniform draws.
+	// Seed of the sides' draws and of the aggregator's uniform draws.
 	Seed uint64 `protobuf:"varint,6,opt,name=seed,proto3" json:"seed,omitempty"`
 	// Most tokens to generate; 0 means the daemon's default.
 	MaxTokens uint32 `protobuf:"varint,7,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
@@ -441,7 +671,7 @@ type SamplingParams struct {
 
 func (x *SamplingParams) Reset() {
 	*x = SamplingParams{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[2]
+	mi := &file_dragon_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +683,7 @@ func (x *SamplingParams) String() string {
 func (*SamplingParams) ProtoMessage() {}
 
 func (x *SamplingParams) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[2]
+	mi := &file_dragon_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +696,7 @@ func (x *SamplingParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SamplingParams.ProtoReflect.Descriptor instead.
 func (*SamplingParams) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SamplingParams) GetTemperature() float32 {
@@ -541,14 +771,20 @@ type Begin struct {
 	// default 0.8.
 	CodecTopP float32 `protobuf:"fixed32,7,opt,name=codec_top_p,json=codecTopP,proto3" json:"codec_top_p,omitempty"`
 	// Side that aggregates first; the scheduler may move it later.
-	Aggregator    Side `protobuf:"varint,8,opt,name=aggregator,proto3,enum=dragon.v1.Side" json:"aggregator,omitempty"`
+	Aggregator Side     `protobuf:"varint,8,opt,name=aggregator,proto3,enum=dragon.v1.Side" json:"aggregator,omitempty"`
+	Strategy   Strategy `protobuf:"varint,9,opt,name=strategy,proto3,enum=dragon.v1.Strategy" json:"strategy,omitempty"`
+	// When not 0, the aggregator moves to the other side every that many
+	// decided steps whatever the scheduler says (tests and experiments).
+	SwitchEvery uint32 `protobuf:"varint,10,opt,name=switch_every,json=switchEvery,proto3" json:"switch_every,omitempty"`
+	// System message of every prompt; empty means the daemon's default.
+	System        string `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Begin) Reset() {
 	*x = Begin{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[3]
+	mi := &file_dragon_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +796,7 @@ func (x *Begin) String() string {
 func (*Begin) ProtoMessage() {}
 
 func (x *Begin) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[3]
+	mi := &file_dragon_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +809,7 @@ func (x *Begin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Begin.ProtoReflect.Descriptor instead.
 func (*Begin) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Begin) GetSessionId() uint64 {
@@ -632,10 +868,84 @@ func (x *Begin) GetAggregator() Side {
 	return Side_SIDE_UNSPECIFIED
 }
 
+func (x *Begin) GetStrategy() Strategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return Strategy_STRATEGY_UNSPECIFIED
+}
+
+func (x *Begin) GetSwitchEvery() uint32 {
+	if x != nil {
+		return x.SwitchEvery
+	}
+	return 0
+}
+
+func (x *Begin) GetSystem() string {
+	if x != nil {
+		return x.System
+	}
+	return ""
+}
+
+// Drafts are drafted tokens of one side, in step order: one, or a burst of
+// several that one forward pass of local speculative decoding decided.
+type Drafts struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Drafts        []*Draft               `protobuf:"bytes,2,rep,name=drafts,proto3" json:"drafts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drafts) Reset() {
+	*x = Drafts{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drafts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drafts) ProtoMessage() {}
+
+func (x *Drafts) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drafts.ProtoReflect.Descriptor instead.
+func (*Drafts) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Drafts) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Drafts) GetDrafts() []*Draft {
+	if x != nil {
+		return x.Drafts
+	}
+	return nil
+}
+
 // Draft is one drafted token with the distribution it was drawn from.
 type Draft struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
 	// Position of the token in the answer, from 0.
 	Step uint64 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	// The sender's epoch: it increases on each rollback, so a draft still in
@@ -643,22 +953,25 @@ type Draft struct {
 	Epoch uint32 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Token int32  `protobuf:"varint,4,opt,name=token,proto3" json:"token,omitempty"`
 	// The sender's next-token distribution, encoded by package codec (top-p
-	// set, fp16 probabilities, optionally LZ4). The receiver treats the
-	// decoded distribution as the sender's distribution.
+	// set, fp16 probabilities, optionally LZ4). The token was drawn from
+	// exactly the decoded distribution, which the aggregator uses.
 	Distribution []byte `protobuf:"bytes,5,opt,name=distribution,proto3" json:"distribution,omitempty"`
 	// log-sum-exp of the sender's relevance scores (h-tilde, DRAGON A.1); the
 	// aggregator weighs the two sides by softmax over these.
 	LogRelevanceMass float64 `protobuf:"fixed64,6,opt,name=log_relevance_mass,json=logRelevanceMass,proto3" json:"log_relevance_mass,omitempty"`
-	// Time the sender spent decoding this token, for the profiler.
-	DecodeTimeUs  uint64 `protobuf:"varint,7,opt,name=decode_time_us,json=decodeTimeUs,proto3" json:"decode_time_us,omitempty"`
-	Side          Side   `protobuf:"varint,8,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	// Decoding time per token of the forward pass that produced this draft,
+	// for the profiler.
+	DecodeTimeUs uint32 `protobuf:"varint,7,opt,name=decode_time_us,json=decodeTimeUs,proto3" json:"decode_time_us,omitempty"`
+	Side         Side   `protobuf:"varint,8,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	// Context length of the sender's longest sequence at this step.
+	Context       uint32 `protobuf:"varint,9,opt,name=context,proto3" json:"context,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Draft) Reset() {
 	*x = Draft{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[4]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +983,7 @@ func (x *Draft) String() string {
 func (*Draft) ProtoMessage() {}
 
 func (x *Draft) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[4]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,14 +996,7 @@ func (x *Draft) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Draft.ProtoReflect.Descriptor instead.
 func (*Draft) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{4}
-}
-
-func (x *Draft) GetSessionId() uint64 {
-	if x != nil {
-		return x.SessionId
-	}
-	return 0
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Draft) GetStep() uint64 {
@@ -728,7 +1034,7 @@ func (x *Draft) GetLogRelevanceMass() float64 {
 	return 0
 }
 
-func (x *Draft) GetDecodeTimeUs() uint64 {
+func (x *Draft) GetDecodeTimeUs() uint32 {
 	if x != nil {
 		return x.DecodeTimeUs
 	}
@@ -742,12 +1048,70 @@ func (x *Draft) GetSide() Side {
 	return Side_SIDE_UNSPECIFIED
 }
 
-// Verdict is the aggregator's decision on one step (Algorithm 1), broadcast
-// to the other side.
+func (x *Draft) GetContext() uint32 {
+	if x != nil {
+		return x.Context
+	}
+	return 0
+}
+
+// Verdicts are decided steps, in step order, broadcast by the aggregator.
+type Verdicts struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Verdicts      []*Verdict             `protobuf:"bytes,2,rep,name=verdicts,proto3" json:"verdicts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Verdicts) Reset() {
+	*x = Verdicts{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Verdicts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Verdicts) ProtoMessage() {}
+
+func (x *Verdicts) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Verdicts.ProtoReflect.Descriptor instead.
+func (*Verdicts) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Verdicts) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Verdicts) GetVerdicts() []*Verdict {
+	if x != nil {
+		return x.Verdicts
+	}
+	return nil
+}
+
+// Verdict is the aggregator's decision on one step (Algorithm 1).
 type Verdict struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Step      uint64                 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Step  uint64                 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	// The token generated at this step.
 	TargetToken int32 `protobuf:"varint,3,opt,name=target_token,json=targetToken,proto3" json:"target_token,omitempty"`
 	// Whether each side's draft equals the target.
@@ -760,13 +1124,16 @@ type Verdict struct {
 	// incremented on reject (the side rolls back to the target token).
 	NextEpochDevice uint32 `protobuf:"varint,8,opt,name=next_epoch_device,json=nextEpochDevice,proto3" json:"next_epoch_device,omitempty"`
 	NextEpochCloud  uint32 `protobuf:"varint,9,opt,name=next_epoch_cloud,json=nextEpochCloud,proto3" json:"next_epoch_cloud,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Eq. (5)'s acceptance estimate of each side's draft, for the profiler.
+	ExpectedDevice float64 `protobuf:"fixed64,10,opt,name=expected_device,json=expectedDevice,proto3" json:"expected_device,omitempty"`
+	ExpectedCloud  float64 `protobuf:"fixed64,11,opt,name=expected_cloud,json=expectedCloud,proto3" json:"expected_cloud,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Verdict) Reset() {
 	*x = Verdict{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +1145,7 @@ func (x *Verdict) String() string {
 func (*Verdict) ProtoMessage() {}
 
 func (x *Verdict) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,14 +1158,7 @@ func (x *Verdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdict.ProtoReflect.Descriptor instead.
 func (*Verdict) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
-}
-
-func (x *Verdict) GetSessionId() uint64 {
-	if x != nil {
-		return x.SessionId
-	}
-	return 0
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Verdict) GetStep() uint64 {
@@ -857,17 +1217,31 @@ func (x *Verdict) GetNextEpochCloud() uint32 {
 	return 0
 }
 
-// Handover moves the aggregator to the receiver between two steps; it
-// carries everything the new aggregator needs so that no step is lost or
-// decided twice.
+func (x *Verdict) GetExpectedDevice() float64 {
+	if x != nil {
+		return x.ExpectedDevice
+	}
+	return 0
+}
+
+func (x *Verdict) GetExpectedCloud() float64 {
+	if x != nil {
+		return x.ExpectedCloud
+	}
+	return 0
+}
+
+// Handover moves the aggregator to the receiver between two steps; with
+// what the receiver already holds (its own undecided drafts), it carries
+// everything the new aggregator needs so that no step is lost or decided
+// twice.
 type Handover struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// The first step not yet decided.
 	NextStep uint64 `protobuf:"varint,2,opt,name=next_step,json=nextStep,proto3" json:"next_step,omitempty"`
-	// Drafts received but not yet verified, in step order.
-	DeviceQueue []*Draft `protobuf:"bytes,3,rep,name=device_queue,json=deviceQueue,proto3" json:"device_queue,omitempty"`
-	CloudQueue  []*Draft `protobuf:"bytes,4,rep,name=cloud_queue,json=cloudQueue,proto3" json:"cloud_queue,omitempty"`
+	// The sender's own drafts not yet decided, in step order.
+	Queue []*Draft `protobuf:"bytes,3,rep,name=queue,proto3" json:"queue,omitempty"`
 	// Current epoch of each side.
 	EpochDevice   uint32 `protobuf:"varint,5,opt,name=epoch_device,json=epochDevice,proto3" json:"epoch_device,omitempty"`
 	EpochCloud    uint32 `protobuf:"varint,6,opt,name=epoch_cloud,json=epochCloud,proto3" json:"epoch_cloud,omitempty"`
@@ -877,7 +1251,7 @@ type Handover struct {
 
 func (x *Handover) Reset() {
 	*x = Handover{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -889,7 +1263,7 @@ func (x *Handover) String() string {
 func (*Handover) ProtoMessage() {}
 
 func (x *Handover) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -902,7 +1276,7 @@ func (x *Handover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Handover.ProtoReflect.Descriptor instead.
 func (*Handover) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Handover) GetSessionId() uint64 {
@@ -919,16 +1293,9 @@ func (x *Handover) GetNextStep() uint64 {
 	return 0
 }
 
-func (x *Handover) GetDeviceQueue() []*Draft {
+func (x *Handover) GetQueue() []*Draft {
 	if x != nil {
-		return x.DeviceQueue
-	}
-	return nil
-}
-
-func (x *Handover) GetCloudQueue() []*Draft {
-	if x != nil {
-		return x.CloudQueue
+		return x.Queue
 	}
 	return nil
 }
@@ -952,14 +1319,17 @@ type Ping struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// Sender's clock (Unix nanoseconds).
-	SentUnixNano  int64 `protobuf:"varint,2,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	SentUnixNano int64 `protobuf:"varint,2,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	// Filler whose extra transfer time against an empty Ping measures the
+	// bandwidth.
+	Padding       []byte `protobuf:"bytes,3,opt,name=padding,proto3" json:"padding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -971,7 +1341,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -984,7 +1354,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Ping) GetSeq() uint64 {
@@ -1001,6 +1371,13 @@ func (x *Ping) GetSentUnixNano() int64 {
 	return 0
 }
 
+func (x *Ping) GetPadding() []byte {
+	if x != nil {
+		return x.Padding
+	}
+	return nil
+}
+
 // Pong answers a Ping.
 type Pong struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1015,7 +1392,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1404,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1417,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Pong) GetSeq() uint64 {
@@ -1064,7 +1441,8 @@ func (x *Pong) GetSentUnixNano() int64 {
 	return 0
 }
 
-// Cancel ends a generation early (user cancelled, stop string met, ...).
+// Cancel ends a generation (the answer is complete, the user cancelled,
+// ...). The device sends it last.
 type Cancel struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
@@ -1075,7 +1453,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1465,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1478,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Cancel) GetSessionId() uint64 {
@@ -1130,7 +1508,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1520,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1533,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Error) GetSessionId() uint64 {
@@ -1179,22 +1557,445 @@ func (x *Error) GetMessage() string {
 	return ""
 }
 
+// Passages are the cloud's retrieved passages as text (MODE_CONTEXT).
+type Passages struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Passages      []*Passage             `protobuf:"bytes,2,rep,name=passages,proto3" json:"passages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Passages) Reset() {
+	*x = Passages{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Passages) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Passages) ProtoMessage() {}
+
+func (x *Passages) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Passages.ProtoReflect.Descriptor instead.
+func (*Passages) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Passages) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Passages) GetPassages() []*Passage {
+	if x != nil {
+		return x.Passages
+	}
+	return nil
+}
+
+// Passage is one retrieved passage.
+type Passage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Text  string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	// Relevance score R(d, q).
+	Score         float64 `protobuf:"fixed64,2,opt,name=score,proto3" json:"score,omitempty"`
+	Source        string  `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Passage) Reset() {
+	*x = Passage{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Passage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Passage) ProtoMessage() {}
+
+func (x *Passage) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Passage.ProtoReflect.Descriptor instead.
+func (*Passage) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Passage) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *Passage) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *Passage) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+// Candidate is one side's whole answer (MODE_SEQUENCE_WISE_SYNC).
+type Candidate struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Side      Side                   `protobuf:"varint,2,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	Tokens    []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// h-tilde of the sender's passages.
+	LogRelevanceMass float64 `protobuf:"fixed64,4,opt,name=log_relevance_mass,json=logRelevanceMass,proto3" json:"log_relevance_mass,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *Candidate) Reset() {
+	*x = Candidate{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Candidate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Candidate) ProtoMessage() {}
+
+func (x *Candidate) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
+func (*Candidate) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *Candidate) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Candidate) GetSide() Side {
+	if x != nil {
+		return x.Side
+	}
+	return Side_SIDE_UNSPECIFIED
+}
+
+func (x *Candidate) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *Candidate) GetLogRelevanceMass() float64 {
+	if x != nil {
+		return x.LogRelevanceMass
+	}
+	return 0
+}
+
+// CandidateScores are the sender's locally-aggregated probabilities of
+// every token of both candidates (and of the end token after each), given
+// the candidate's earlier tokens (MODE_SEQUENCE_WISE_SYNC).
+type CandidateScores struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	SessionId       uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	DeviceCandidate []float64              `protobuf:"fixed64,2,rep,packed,name=device_candidate,json=deviceCandidate,proto3" json:"device_candidate,omitempty"`
+	CloudCandidate  []float64              `protobuf:"fixed64,3,rep,packed,name=cloud_candidate,json=cloudCandidate,proto3" json:"cloud_candidate,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CandidateScores) Reset() {
+	*x = CandidateScores{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CandidateScores) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CandidateScores) ProtoMessage() {}
+
+func (x *CandidateScores) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CandidateScores.ProtoReflect.Descriptor instead.
+func (*CandidateScores) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CandidateScores) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *CandidateScores) GetDeviceCandidate() []float64 {
+	if x != nil {
+		return x.DeviceCandidate
+	}
+	return nil
+}
+
+func (x *CandidateScores) GetCloudCandidate() []float64 {
+	if x != nil {
+		return x.CloudCandidate
+	}
+	return nil
+}
+
+// Tokens are answer tokens the cloud decided alone (MODE_CLOUD_ONLY), in
+// order from step.
+type Tokens struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Step      uint64                 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
+	Tokens    []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// The cloud's answer is complete.
+	Done          bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tokens) Reset() {
+	*x = Tokens{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tokens) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tokens) ProtoMessage() {}
+
+func (x *Tokens) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
+func (*Tokens) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Tokens) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Tokens) GetStep() uint64 {
+	if x != nil {
+		return x.Step
+	}
+	return 0
+}
+
+func (x *Tokens) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+func (x *Tokens) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+// KVChunk is part of the KV state of one of the cloud's passage sequences
+// (MODE_KV), as llama.cpp serialises it; chunks of a sequence arrive in
+// order, the last one flagged.
+type KVChunk struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Index of the passage among the cloud's.
+	Passage uint32 `protobuf:"varint,2,opt,name=passage,proto3" json:"passage,omitempty"`
+	Data    []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Last    bool   `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
+	// The passage's relevance score and the prompt tokens its state holds.
+	Score  float64 `protobuf:"fixed64,5,opt,name=score,proto3" json:"score,omitempty"`
+	Prompt []int32 `protobuf:"varint,6,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	// How many passages the cloud sends in all.
+	Passages      uint32 `protobuf:"varint,7,opt,name=passages,proto3" json:"passages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVChunk) Reset() {
+	*x = KVChunk{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVChunk) ProtoMessage() {}
+
+func (x *KVChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVChunk.ProtoReflect.Descriptor instead.
+func (*KVChunk) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KVChunk) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *KVChunk) GetPassage() uint32 {
+	if x != nil {
+		return x.Passage
+	}
+	return 0
+}
+
+func (x *KVChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *KVChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *KVChunk) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *KVChunk) GetPrompt() []int32 {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
+func (x *KVChunk) GetPassages() uint32 {
+	if x != nil {
+		return x.Passages
+	}
+	return 0
+}
+
 var File_dragon_v1_peer_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x14dragon/v1/peer.proto\x12\tdragon.v1\"\x9b\x03\n" +
+	"\x14dragon/v1/peer.proto\x12\tdragon.v1\"\x93\x05\n" +
 	"\vPeerMessage\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.dragon.v1.HelloH\x00R\x05hello\x12(\n" +
-	"\x05begin\x18\x02 \x01(\v2\x10.dragon.v1.BeginH\x00R\x05begin\x12(\n" +
-	"\x05draft\x18\x03 \x01(\v2\x10.dragon.v1.DraftH\x00R\x05draft\x12.\n" +
-	"\averdict\x18\x04 \x01(\v2\x12.dragon.v1.VerdictH\x00R\averdict\x121\n" +
+	"\x05begin\x18\x02 \x01(\v2\x10.dragon.v1.BeginH\x00R\x05begin\x12+\n" +
+	"\x06drafts\x18\x03 \x01(\v2\x11.dragon.v1.DraftsH\x00R\x06drafts\x121\n" +
+	"\bverdicts\x18\x04 \x01(\v2\x13.dragon.v1.VerdictsH\x00R\bverdicts\x121\n" +
 	"\bhandover\x18\x05 \x01(\v2\x13.dragon.v1.HandoverH\x00R\bhandover\x12%\n" +
 	"\x04ping\x18\x06 \x01(\v2\x0f.dragon.v1.PingH\x00R\x04ping\x12%\n" +
 	"\x04pong\x18\a \x01(\v2\x0f.dragon.v1.PongH\x00R\x04pong\x12+\n" +
 	"\x06cancel\x18\b \x01(\v2\x11.dragon.v1.CancelH\x00R\x06cancel\x12(\n" +
-	"\x05error\x18\t \x01(\v2\x10.dragon.v1.ErrorH\x00R\x05errorB\x06\n" +
-	"\x04kind\"\xc2\x01\n" +
+	"\x05error\x18\t \x01(\v2\x10.dragon.v1.ErrorH\x00R\x05error\x121\n" +
+	"\bpassages\x18\n" +
+	" \x01(\v2\x13.dragon.v1.PassagesH\x00R\bpassages\x124\n" +
+	"\tcandidate\x18\v \x01(\v2\x14.dragon.v1.CandidateH\x00R\tcandidate\x124\n" +
+	"\x06scores\x18\f \x01(\v2\x1a.dragon.v1.CandidateScoresH\x00R\x06scores\x12+\n" +
+	"\x06tokens\x18\r \x01(\v2\x11.dragon.v1.TokensH\x00R\x06tokens\x12$\n" +
+	"\x02kv\x18\x0e \x01(\v2\x12.dragon.v1.KVChunkH\x00R\x02kvB\x06\n" +
+	"\x04kind\"\xf7\x01\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12+\n" +
 	"\x11model_fingerprint\x18\x02 \x01(\tR\x10modelFingerprint\x12\x1d\n" +
@@ -1202,7 +2003,13 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"model_name\x18\x03 \x01(\tR\tmodelName\x12\x1d\n" +
 	"\n" +
 	"vocab_size\x18\x04 \x01(\rR\tvocabSize\x12#\n" +
-	"\x04side\x18\x05 \x01(\x0e2\x0f.dragon.v1.SideR\x04side\"\xe7\x01\n" +
+	"\x04side\x18\x05 \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x123\n" +
+	"\n" +
+	"decode_fit\x18\x06 \x01(\v2\x14.dragon.v1.DecodeFitR\tdecodeFit\">\n" +
+	"\tDecodeFit\x12\x0f\n" +
+	"\x03k_a\x18\x01 \x01(\x01R\x02kA\x12\x0f\n" +
+	"\x03k_b\x18\x02 \x01(\x01R\x02kB\x12\x0f\n" +
+	"\x03k_c\x18\x03 \x01(\x01R\x02kC\"\xe7\x01\n" +
 	"\x0eSamplingParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_k\x18\x02 \x01(\rR\x04topK\x12\x13\n" +
@@ -1212,7 +2019,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xb9\x02\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xa5\x03\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -1224,20 +2031,29 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\vcodec_top_p\x18\a \x01(\x02R\tcodecTopP\x12/\n" +
 	"\n" +
 	"aggregator\x18\b \x01(\x0e2\x0f.dragon.v1.SideR\n" +
-	"aggregator\"\x83\x02\n" +
-	"\x05Draft\x12\x1d\n" +
+	"aggregator\x12/\n" +
+	"\bstrategy\x18\t \x01(\x0e2\x13.dragon.v1.StrategyR\bstrategy\x12!\n" +
+	"\fswitch_every\x18\n" +
+	" \x01(\rR\vswitchEvery\x12\x16\n" +
+	"\x06system\x18\v \x01(\tR\x06system\"Q\n" +
+	"\x06Drafts\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12(\n" +
+	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\"\xfe\x01\n" +
+	"\x05Draft\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\rR\x05epoch\x12\x14\n" +
 	"\x05token\x18\x04 \x01(\x05R\x05token\x12\"\n" +
 	"\fdistribution\x18\x05 \x01(\fR\fdistribution\x12,\n" +
 	"\x12log_relevance_mass\x18\x06 \x01(\x01R\x10logRelevanceMass\x12$\n" +
-	"\x0edecode_time_us\x18\a \x01(\x04R\fdecodeTimeUs\x12#\n" +
-	"\x04side\x18\b \x01(\x0e2\x0f.dragon.v1.SideR\x04side\"\xc1\x02\n" +
-	"\aVerdict\x12\x1d\n" +
+	"\x0edecode_time_us\x18\a \x01(\rR\fdecodeTimeUs\x12#\n" +
+	"\x04side\x18\b \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x12\x18\n" +
+	"\acontext\x18\t \x01(\rR\acontext\"Y\n" +
+	"\bVerdicts\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12.\n" +
+	"\bverdicts\x18\x02 \x03(\v2\x12.dragon.v1.VerdictR\bverdicts\"\xf2\x02\n" +
+	"\aVerdict\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12!\n" +
 	"\ftarget_token\x18\x03 \x01(\x05R\vtargetToken\x12#\n" +
 	"\raccept_device\x18\x04 \x01(\bR\facceptDevice\x12!\n" +
@@ -1246,20 +2062,22 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\vepoch_cloud\x18\a \x01(\rR\n" +
 	"epochCloud\x12*\n" +
 	"\x11next_epoch_device\x18\b \x01(\rR\x0fnextEpochDevice\x12(\n" +
-	"\x10next_epoch_cloud\x18\t \x01(\rR\x0enextEpochCloud\"\xf2\x01\n" +
+	"\x10next_epoch_cloud\x18\t \x01(\rR\x0enextEpochCloud\x12'\n" +
+	"\x0fexpected_device\x18\n" +
+	" \x01(\x01R\x0eexpectedDevice\x12%\n" +
+	"\x0eexpected_cloud\x18\v \x01(\x01R\rexpectedCloud\"\xb2\x01\n" +
 	"\bHandover\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x1b\n" +
-	"\tnext_step\x18\x02 \x01(\x04R\bnextStep\x123\n" +
-	"\fdevice_queue\x18\x03 \x03(\v2\x10.dragon.v1.DraftR\vdeviceQueue\x121\n" +
-	"\vcloud_queue\x18\x04 \x03(\v2\x10.dragon.v1.DraftR\n" +
-	"cloudQueue\x12!\n" +
+	"\tnext_step\x18\x02 \x01(\x04R\bnextStep\x12&\n" +
+	"\x05queue\x18\x03 \x03(\v2\x10.dragon.v1.DraftR\x05queue\x12!\n" +
 	"\fepoch_device\x18\x05 \x01(\rR\vepochDevice\x12\x1f\n" +
 	"\vepoch_cloud\x18\x06 \x01(\rR\n" +
-	"epochCloud\">\n" +
+	"epochCloud\"X\n" +
 	"\x04Ping\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12$\n" +
-	"\x0esent_unix_nano\x18\x02 \x01(\x03R\fsentUnixNano\"m\n" +
+	"\x0esent_unix_nano\x18\x02 \x01(\x03R\fsentUnixNano\x12\x18\n" +
+	"\apadding\x18\x03 \x01(\fR\apadding\"m\n" +
 	"\x04Pong\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12-\n" +
 	"\x13ping_sent_unix_nano\x18\x02 \x01(\x03R\x10pingSentUnixNano\x12$\n" +
@@ -1272,17 +2090,61 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage*=\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"Y\n" +
+	"\bPassages\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12.\n" +
+	"\bpassages\x18\x02 \x03(\v2\x12.dragon.v1.PassageR\bpassages\"K\n" +
+	"\aPassage\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12\x14\n" +
+	"\x05score\x18\x02 \x01(\x01R\x05score\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\"\x95\x01\n" +
+	"\tCandidate\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12#\n" +
+	"\x04side\x18\x02 \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12,\n" +
+	"\x12log_relevance_mass\x18\x04 \x01(\x01R\x10logRelevanceMass\"\x84\x01\n" +
+	"\x0fCandidateScores\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12)\n" +
+	"\x10device_candidate\x18\x02 \x03(\x01R\x0fdeviceCandidate\x12'\n" +
+	"\x0fcloud_candidate\x18\x03 \x03(\x01R\x0ecloudCandidate\"g\n" +
+	"\x06Tokens\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
+	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x16\n" +
+	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\"\xb4\x01\n" +
+	"\aKVChunk\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x18\n" +
+	"\apassage\x18\x02 \x01(\rR\apassage\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\x12\x14\n" +
+	"\x05score\x18\x05 \x01(\x01R\x05score\x12\x16\n" +
+	"\x06prompt\x18\x06 \x03(\x05R\x06prompt\x12\x1a\n" +
+	"\bpassages\x18\a \x01(\rR\bpassages*=\n" +
 	"\x04Side\x12\x14\n" +
 	"\x10SIDE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vSIDE_DEVICE\x10\x01\x12\x0e\n" +
 	"\n" +
-	"SIDE_CLOUD\x10\x02*m\n" +
+	"SIDE_CLOUD\x10\x02*\xbf\x01\n" +
 	"\x04Mode\x12\x14\n" +
 	"\x10MODE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cMODE_SPECULATIVE_AGGREGATION\x10\x01\x12\x18\n" +
-	"\x14MODE_TOKEN_WISE_SYNC\x10\x02\x12\x13\n" +
-	"\x0fMODE_LOCAL_ONLY\x10\x032L\n" +
+	"\x14MODE_TOKEN_WISE_SYNC\x10\x02\x12\x14\n" +
+	"\x10MODE_DEVICE_ONLY\x10\x03\x12\x1b\n" +
+	"\x17MODE_SEQUENCE_WISE_SYNC\x10\x04\x12\x13\n" +
+	"\x0fMODE_CLOUD_ONLY\x10\x05\x12\x10\n" +
+	"\fMODE_CONTEXT\x10\x06\x12\v\n" +
+	"\aMODE_KV\x10\a*w\n" +
+	"\bStrategy\x12\x18\n" +
+	"\x14STRATEGY_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fSTRATEGY_GREEDY\x10\x01\x12\x13\n" +
+	"\x0fSTRATEGY_DEVICE\x10\x02\x12\x12\n" +
+	"\x0eSTRATEGY_CLOUD\x10\x03\x12\x13\n" +
+	"\x0fSTRATEGY_RANDOM\x10\x042L\n" +
 	"\vPeerService\x12=\n" +
 	"\aSession\x12\x16.dragon.v1.PeerMessage\x1a\x16.dragon.v1.PeerMessage(\x010\x01B7Z5github.com/dragon-rag/dragon/proto/dragon/v1;dragonv1b\x06proto3"
 
@@ -1298,47 +2160,67 @@ func file_dragon_v1_peer_proto_rawDescGZIP() []byte {
 	return file_dragon_v1_peer_proto_rawDescData
 }
 
-var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_dragon_v1_peer_proto_goTypes = []any{
-	(Side)(0),              // 0: dragon.v1.Side
-	(Mode)(0),              // 1: dragon.v1.Mode
-	(*PeerMessage)(nil),    // 2: dragon.v1.PeerMessage
-	(*Hello)(nil),          // 3: dragon.v1.Hello
-	(*SamplingParams)(nil), // 4: dragon.v1.SamplingParams
-	(*Begin)(nil),          // 5: dragon.v1.Begin
-	(*Draft)(nil),          // 6: dragon.v1.Draft
-	(*Verdict)(nil),        // 7: dragon.v1.Verdict
-	(*Handover)(nil),       // 8: dragon.v1.Handover
-	(*Ping)(nil),           // 9: dragon.v1.Ping
-	(*Pong)(nil),           // 10: dragon.v1.Pong
-	(*Cancel)(nil),         // 11: dragon.v1.Cancel
-	(*Error)(nil),          // 12: dragon.v1.Error
+	(Side)(0),               // 0: dragon.v1.Side
+	(Mode)(0),               // 1: dragon.v1.Mode
+	(Strategy)(0),           // 2: dragon.v1.Strategy
+	(*PeerMessage)(nil),     // 3: dragon.v1.PeerMessage
+	(*Hello)(nil),           // 4: dragon.v1.Hello
+	(*DecodeFit)(nil),       // 5: dragon.v1.DecodeFit
+	(*SamplingParams)(nil),  // 6: dragon.v1.SamplingParams
+	(*Begin)(nil),           // 7: dragon.v1.Begin
+	(*Drafts)(nil),          // 8: dragon.v1.Drafts
+	(*Draft)(nil),           // 9: dragon.v1.Draft
+	(*Verdicts)(nil),        // 10: dragon.v1.Verdicts
+	(*Verdict)(nil),         // 11: dragon.v1.Verdict
+	(*Handover)(nil),        // 12: dragon.v1.Handover
+	(*Ping)(nil),            // 13: dragon.v1.Ping
+	(*Pong)(nil),            // 14: dragon.v1.Pong
+	(*Cancel)(nil),          // 15: dragon.v1.Cancel
+	(*Error)(nil),           // 16: dragon.v1.Error
+	(*Passages)(nil),        // 17: dragon.v1.Passages
+	(*Passage)(nil),         // 18: dragon.v1.Passage
+	(*Candidate)(nil),       // 19: dragon.v1.Candidate
+	(*CandidateScores)(nil), // 20: dragon.v1.CandidateScores
+	(*Tokens)(nil),          // 21: dragon.v1.Tokens
+	(*KVChunk)(nil),         // 22: dragon.v1.KVChunk
 }
 var file_dragon_v1_peer_proto_depIdxs = []int32{
-	3,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
-	5,  // 1: dragon.v1.PeerMessage.begin:type_name -> dragon.v1.Begin
-	6,  // 2: dragon.v1.PeerMessage.draft:type_name -> dragon.v1.Draft
-	7,  // 3: dragon.v1.PeerMessage.verdict:type_name -> dragon.v1.Verdict
-	8,  // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
-	9,  // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
-	10, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
-	11, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
-	12, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
-	0,  // 9: dragon.v1.Hello.side:type_name -> dragon.v1.Side
-	4,  // 10: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
-	1,  // 11: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
-	0,  // 12: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
-	0,  // 13: dragon.v1.Draft.side:type_name -> dragon.v1.Side
-	6,  // 14: dragon.v1.Handover.device_queue:type_name -> dragon.v1.Draft
-	6,  // 15: dragon.v1.Handover.cloud_queue:type_name -> dragon.v1.Draft
-	2,  // 16: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
-	2,  // 17: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
+	7,  // 1: dragon.v1.PeerMessage.begin:type_name -> dragon.v1.Begin
+	8,  // 2: dragon.v1.PeerMessage.drafts:type_name -> dragon.v1.Drafts
+	10, // 3: dragon.v1.PeerMessage.verdicts:type_name -> dragon.v1.Verdicts
+	12, // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
+	13, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
+	14, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
+	15, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
+	16, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
+	17, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
+	19, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
+	20, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
+	21, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
+	22, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
+	0,  // 14: dragon.v1.Hello.side:type_name -> dragon.v1.Side
+	5,  // 15: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
+	6,  // 16: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
+	1,  // 17: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
+	0,  // 18: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
+	2,  // 19: dragon.v1.Begin.strategy:type_name -> dragon.v1.Strategy
+	9,  // 20: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
+	0,  // 21: dragon.v1.Draft.side:type_name -> dragon.v1.Side
+	11, // 22: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
+	9,  // 23: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
+	18, // 24: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
+	0,  // 25: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
+	3,  // 26: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
+	3,  // 27: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
+	27, // [27:28] is the sub-list for method output_type
+	26, // [26:27] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_peer_proto_init() }
@@ -1349,21 +2231,26 @@ func file_dragon_v1_peer_proto_init() {
 	file_dragon_v1_peer_proto_msgTypes[0].OneofWrappers = []any{
 		(*PeerMessage_Hello)(nil),
 		(*PeerMessage_Begin)(nil),
-		(*PeerMessage_Draft)(nil),
-		(*PeerMessage_Verdict)(nil),
+		(*PeerMessage_Drafts)(nil),
+		(*PeerMessage_Verdicts)(nil),
 		(*PeerMessage_Handover)(nil),
 		(*PeerMessage_Ping)(nil),
 		(*PeerMessage_Pong)(nil),
 		(*PeerMessage_Cancel)(nil),
 		(*PeerMessage_Error)(nil),
+		(*PeerMessage_Passages)(nil),
+		(*PeerMessage_Candidate)(nil),
+		(*PeerMessage_Scores)(nil),
+		(*PeerMessage_Tokens)(nil),
+		(*PeerMessage_Kv)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_peer_proto_rawDesc), len(file_dragon_v1_peer_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   11,
+			NumEnums:      3,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
