@@ -52,7 +52,7 @@ type Verdict struct {
 }
 
 // Accepted reports whether side's draft was accepted.
-func (v Verdict) Accepted(side Side) bool { return v.Accept[side.index()] }
+func (v Verdict) Accepted(side Side) bool { return v.Accept[side.Index()] }
 
 // Handover moves the aggregator to the receiver between two steps.
 type Handover struct {
@@ -176,10 +176,10 @@ func (n *Node) Aggregating() bool { return n.aggregating }
 func (n *Node) NextStep() uint64 { return n.next }
 
 // Epoch is side's current epoch as this Node knows it.
-func (n *Node) Epoch(side Side) uint32 { return n.sides[side.index()].epoch }
+func (n *Node) Epoch(side Side) uint32 { return n.sides[side.Index()].epoch }
 
 // Stats are side's draft counters.
-func (n *Node) Stats(side Side) Stats { return n.sides[side.index()].stats }
+func (n *Node) Stats(side Side) Stats { return n.sides[side.Index()].stats }
 
 // Handovers is how many times this Node handed the aggregator over or took
 // it.
@@ -213,7 +213,7 @@ func (n *Node) Step(ev Event) ([]Action, error) {
 // admit sorts a draft of side into current (true), stale or late (false),
 // or a protocol violation.
 func (n *Node) admit(side Side, d *Draft) (bool, error) {
-	s := &n.sides[side.index()]
+	s := &n.sides[side.Index()]
 	switch {
 	case d.side != side:
 		return false, fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, side)
@@ -234,7 +234,7 @@ func (n *Node) admit(side Side, d *Draft) (bool, error) {
 }
 
 func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
-	s := &n.sides[side.index()]
+	s := &n.sides[side.Index()]
 	var fresh []Draft
 	for i := range drafts {
 		ok, err := n.admit(side, &drafts[i])
@@ -262,7 +262,7 @@ func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 func (n *Node) decide() []Action {
 	var acts []Action
 	var sent []Verdict
-	dev, cld := &n.sides[Device.index()], &n.sides[Cloud.index()]
+	dev, cld := &n.sides[Device.Index()], &n.sides[Cloud.Index()]
 	for !n.done && len(dev.queue) > 0 && len(cld.queue) > 0 {
 		p := newPair(&dev.queue[0], &cld.queue[0])
 		target := n.rule(p, n.cfg.Greedy, n.cfg.Seed, n.next)
@@ -319,7 +319,7 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 	}
 	var acts []Action
 	self := n.cfg.Self
-	me := &n.sides[self.index()]
+	me := &n.sides[self.Index()]
 	for _, v := range vs {
 		if n.done {
 			break // steps decided past the end, in the same batch
@@ -332,7 +332,7 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 				return nil, err
 			}
 		}
-		i := self.index()
+		i := self.Index()
 		if len(me.queue) == 0 || me.queue[0].step != v.Step {
 			return nil, fmt.Errorf("%w: verdict for step %d, for which this side sent no draft", ErrProtocol, v.Step)
 		}
@@ -372,7 +372,7 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 // knows it: every epoch change reaches the other side through verdicts, so
 // the two must agree, and an epoch moves exactly on a rejection.
 func (n *Node) checkVerdictEpochs(v Verdict, side Side) error {
-	i := side.index()
+	i := side.Index()
 	switch cur := n.sides[i].epoch; {
 	case v.Epoch[i] != cur:
 		return fmt.Errorf("%w: verdict for step %d decided a %v draft of epoch %d, current is %d", ErrProtocol, v.Step, side, v.Epoch[i], cur)
@@ -391,7 +391,7 @@ func (n *Node) stepHandover(h Handover) ([]Action, error) {
 	if h.NextStep != n.next {
 		return nil, fmt.Errorf("%w: handover at step %d, but this side has decided up to step %d", ErrProtocol, h.NextStep, n.next)
 	}
-	self, other := n.cfg.Self.index(), n.cfg.Self.Other().index()
+	self, other := n.cfg.Self.Index(), n.cfg.Self.Other().Index()
 	if h.Epochs[self] != n.sides[self].epoch {
 		return nil, fmt.Errorf("%w: handover gives this side epoch %d, current is %d", ErrProtocol, h.Epochs[self], n.sides[self].epoch)
 	}
@@ -421,7 +421,7 @@ func (n *Node) stepSwitch() []Action {
 	if !n.aggregating || n.done {
 		return nil
 	}
-	self, other := n.cfg.Self.index(), n.cfg.Self.Other().index()
+	self, other := n.cfg.Self.Index(), n.cfg.Self.Other().Index()
 	h := Handover{
 		NextStep: n.next,
 		Epochs:   [2]uint32{n.sides[0].epoch, n.sides[1].epoch},

@@ -60,7 +60,7 @@ type Costs struct {
 // aggregates. A rejected draft of the other side costs a round trip and its
 // re-decoding; the aggregator's own drafts never wait for the network.
 func (c Costs) Latency(agg Side) float64 {
-	l, r := agg.index(), agg.Other().index()
+	l, r := agg.Index(), agg.Other().Index()
 	cl, cr, ar := c.Decode[l], c.Decode[r], c.Accept[r]
 	return ar*max(cl, cr) + (1-ar)*max(cl, cr+c.RTT)
 }
@@ -69,7 +69,7 @@ func (c Costs) Latency(agg Side) float64 {
 // given side, piecewise in the decoding-latency gap j = c^r − c^l. Side r
 // should aggregate when it is positive.
 func (c Costs) DeltaZ(l Side) float64 {
-	li, ri := l.index(), l.Other().index()
+	li, ri := l.Index(), l.Other().Index()
 	cl, cr, rtt := c.Decode[li], c.Decode[ri], c.RTT
 	al, ar := c.Accept[li], c.Accept[ri]
 	j := cr - cl

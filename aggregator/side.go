@@ -26,8 +26,8 @@ func (s Side) Other() Side {
 	return Device
 }
 
-// index is s's slot in per-side arrays.
-func (s Side) index() int { return int(s) - 1 }
+// Index is s's slot in per-side arrays (device 0, cloud 1).
+func (s Side) Index() int { return int(s) - 1 }
 
 func (s Side) String() string {
 	switch s {

@@ -1,0 +1,714 @@
+// Package session is one side of a two-sided generation, the same code on
+// the device and in the cloud: it runs the side's decoder (with its local
+// speculative decoding) as a producer of drafts, streams them to the peer,
+// hosts the aggregator while it is on this side, applies verdicts (rolling
+// the decoder back and aborting a forward pass whose drafts a rejection
+// made stale), hands the aggregator over when the scheduler says so, and
+// emits the target tokens. The decisions are aggregator.Node's; this
+// package is the concurrency around it: one goroutine owns the Node and
+// reacts to events, one decodes, one sends and one receives.
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/codec"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/profiler"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/sampling"
+)
+
+// Sync is how often the two sides synchronise.
+type Sync uint8
+
+const (
+	// Speculative: both sides draft ahead; the aggregator verifies pairs of
+	// drafts (DRAGON).
+	Speculative Sync = iota
+	// TokenWise: each side drafts one token and waits for its verdict, the
+	// device aggregating (DRDG/TW). Same targets as Speculative for a seed.
+	TokenWise
+)
+
+// Options configure one side of a generation.
+type Options struct {
+	Self      aggregator.Side
+	SessionID uint64
+	Sync      Sync
+	// Owner is the side that serves the request (the device): it ends the
+	// generation and tells the peer with a Cancel.
+	Owner     bool
+	Sampling  sampling.Params
+	MaxTokens int
+	// CodecTopP is the mass the distribution codec keeps (0: 0.8).
+	CodecTopP float64
+	// Aggregator aggregates first (TokenWise: always the device).
+	Aggregator aggregator.Side
+	Strategy   aggregator.Strategy
+	// SwitchEvery > 0 moves the aggregator every that many steps instead
+	// of asking the scheduler.
+	SwitchEvery int
+	// Lookahead is how many undecided drafts this side may have (0: 32).
+	Lookahead int
+	// PingEvery is the RTT probe period (0: 200 ms).
+	PingEvery time.Duration
+	// Fits are the sides' decoding-latency fits, by side (device, cloud).
+	Fits [2]profiler.DecodeFit
+	// Record keeps a trace of decoding times and acceptance.
+	Record bool
+	Log    *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if !o.Self.Valid() {
+		return fmt.Errorf("session: unknown side %v", o.Self)
+	}
+	if o.MaxTokens <= 0 {
+		o.MaxTokens = 128
+	}
+	if o.CodecTopP == 0 {
+		o.CodecTopP = codec.DefaultTopP
+	}
+	if !o.Aggregator.Valid() || o.Sync == TokenWise {
+		o.Aggregator = aggregator.Device
+	}
+	if o.Strategy == 0 {
+		o.Strategy = aggregator.Greedy
+	}
+	if o.Sync == TokenWise {
+		o.Strategy, o.SwitchEvery, o.Lookahead = aggregator.StaticDevice, 0, 1
+	}
+	if o.Lookahead <= 0 {
+		o.Lookahead = 32
+	}
+	if o.PingEvery <= 0 {
+		o.PingEvery = 200 * time.Millisecond
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	return o.Sampling.Validate()
+}
+
+// Emit receives each target token as it is decided, in order (not the end
+// token), with its step. Returning stop ends the generation (a stop string
+// matched, enough tokens).
+type Emit func(step int, tok engine.Token) (stop bool, err error)
+
+// Finish says why a generation ended.
+type Finish string
+
+// Reasons a generation ends.
+const (
+	FinishEOG       Finish = "eog"
+	FinishStop      Finish = "stop"
+	FinishMaxTokens Finish = "max_tokens"
+	FinishContext   Finish = "context"
+	FinishCancelled Finish = "cancelled"
+)
+
+// Summary is what one side saw of a generation.
+type Summary struct {
+	Tokens []engine.Token
+	Finish Finish
+	// TokenTimes are when each target token was decided here.
+	TokenTimes []time.Time
+	// By side (device, cloud): drafts accepted and rejected, stale drafts
+	// dropped here, steps decided on that side.
+	Accepted, Rejected, Stale, Aggregated [2]uint64
+	Switches                              uint64
+	BytesSent, BytesReceived              uint64
+	// This side's forward passes and local draft tokens accepted.
+	ForwardPasses int
+	LocalAccepted uint64
+	// RTT is the last round-trip estimate.
+	RTT time.Duration
+	// Trace, when Options.Record: decoding ms per token of each side (this
+	// side's measured, the peer's as its drafts reported) and acceptance
+	// flags per step.
+	Trace *Trace
+}
+
+// Trace records decoding times and acceptance, by side (device, cloud).
+type Trace struct {
+	DecodeMS [2][]float64
+	Accept   [2][]bool
+}
+
+// burst is the drafts of one forward pass.
+type burst struct {
+	drafts []aggregator.Draft
+}
+
+type inbound struct {
+	msg *dragonv1.PeerMessage
+	err error
+}
+
+// run is one generation on this side.
+type run struct {
+	opts  Options
+	dec   *decoder.Decoder
+	model engine.Model
+	conn  Conn
+	emit  Emit
+	log   *slog.Logger
+
+	node   *aggregator.Node
+	sched  *aggregator.Scheduler
+	est    *profiler.Estimator
+	decode *codec.Decoder
+
+	out       chan *dragonv1.PeerMessage
+	sent      atomic.Uint64
+	received  uint64
+	senderErr chan error
+
+	sum      Summary
+	over     bool // the generation is over for this side
+	finish   Finish
+	pingSeq  uint64
+	plainRTT float64 // ms of the last unpadded ping
+	// heldFrom is the step at which this side last took the aggregator.
+	heldFrom uint64
+
+	// Shared with the producer goroutine.
+	mu         sync.Mutex
+	wake       chan struct{}
+	decided    uint64
+	pending    *aggregator.Rollback
+	stopped    bool
+	cancelPass context.CancelFunc
+}
+
+// padEvery pings is one padded with padBytes, whose extra round-trip time
+// measures the bandwidth.
+const (
+	padEvery = 8
+	padBytes = 16 << 10
+)
+
+// Run is one side of a generation of the given query over this side's
+// passages: it returns when the generation is over (the owner) or when the
+// peer ends it. dec must not be used by anyone else meanwhile.
+func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn, emit Emit) (Summary, error) {
+	if err := opts.defaults(); err != nil {
+		return Summary{}, err
+	}
+	node, err := aggregator.New(aggregator.Config{
+		Self: opts.Self, Aggregator: opts.Aggregator, Greedy: opts.Sampling.Greedy(), Seed: opts.Sampling.Seed,
+		MaxSteps: uint64(opts.MaxTokens), IsEnd: func(t int32) bool { return dec.Model().IsEOG(t) },
+	})
+	if err != nil {
+		return Summary{}, err
+	}
+	sched, err := aggregator.NewScheduler(aggregator.SchedulerConfig{Strategy: opts.Strategy, Seed: opts.Sampling.Seed})
+	if err != nil {
+		return Summary{}, err
+	}
+	cd, err := codec.NewDecoder(dec.Model().Info().VocabSize)
+	if err != nil {
+		return Summary{}, err
+	}
+	r := &run{
+		opts: opts, dec: dec, model: dec.Model(), conn: conn, emit: emit,
+		log:  opts.Log.With("session", opts.SessionID, "side", opts.Self.String()),
+		node: node, sched: sched, decode: cd,
+		est:  profiler.NewEstimator(profiler.Config{}, opts.Fits[0], opts.Fits[1]),
+		out:  make(chan *dragonv1.PeerMessage, 256), senderErr: make(chan error, 1),
+		wake: make(chan struct{}, 1),
+	}
+	if opts.Record {
+		r.sum.Trace = &Trace{}
+	}
+	return r.run(ctx, query, passages)
+}
+
+func (r *run) run(ctx context.Context, query string, passages []decoder.Passage) (Summary, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	inbox := make(chan inbound, 64)
+	go r.receive(ctx, inbox)
+	senderDone := make(chan struct{})
+	go func() {
+		defer close(senderDone)
+		r.send()
+	}()
+	bursts := make(chan burst, 4)
+	fail := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := r.produce(ctx, query, passages, bursts); err != nil {
+			fail <- err
+		}
+	}()
+	ping := time.NewTicker(r.opts.PingEvery)
+	defer ping.Stop()
+	r.ping()
+
+	err := r.loop(ctx, inbox, bursts, fail, ping.C)
+	r.stopProducer()
+	wg.Wait()
+	if r.opts.Owner {
+		reason := string(r.finish)
+		if err != nil {
+			reason = err.Error()
+		}
+		r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: r.opts.SessionID, Reason: reason}}})
+	} else if err != nil && !errors.Is(err, io.EOF) {
+		r.enqueue(errorMessage(r.opts.SessionID, err))
+	}
+	close(r.out)
+	select {
+	case <-senderDone:
+	case <-time.After(2 * time.Second): // a peer that stopped reading
+	}
+	r.fillSummary()
+	if err == nil && r.finish == "" {
+		r.sum.Finish = FinishCancelled
+	}
+	return r.sum, err
+}
+
+func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burst, fail <-chan error, ping <-chan time.Time) error {
+	for !r.over {
+		select {
+		case <-ctx.Done():
+			r.finish = FinishCancelled
+			return ctx.Err()
+		case err := <-fail:
+			if errors.Is(err, engine.ErrContextFull) {
+				r.finish, r.over = FinishContext, r.opts.Owner
+				if !r.over {
+					continue
+				}
+				return nil
+			}
+			return err
+		case err := <-r.senderErr:
+			return fmt.Errorf("session: send: %w", err)
+		case b := <-bursts:
+			for _, d := range b.drafts {
+				r.record(r.opts.Self, d)
+			}
+			acts, err := r.node.Step(aggregator.LocalDrafts{Drafts: b.drafts})
+			if err != nil {
+				return err
+			}
+			if err := r.apply(acts); err != nil {
+				return err
+			}
+		case in := <-inbox:
+			if in.err != nil {
+				if errors.Is(in.err, io.EOF) && !r.opts.Owner {
+					r.finish = FinishCancelled
+					return nil // the device closed the stream
+				}
+				return fmt.Errorf("session: receive: %w", in.err)
+			}
+			if err := r.handle(in.msg); err != nil {
+				return err
+			}
+		case <-ping:
+			r.ping()
+		}
+	}
+	return nil
+}
+
+// receive forwards the peer's messages until the stream ends.
+func (r *run) receive(ctx context.Context, inbox chan<- inbound) {
+	for {
+		m, err := r.conn.Recv()
+		select {
+		case inbox <- inbound{m, err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// send is the only goroutine that calls conn.Send.
+func (r *run) send() {
+	failed := false
+	for m := range r.out {
+		if failed {
+			continue
+		}
+		if err := r.conn.Send(m); err != nil {
+			failed = true
+			r.senderErr <- err
+			continue
+		}
+		r.sent.Add(uint64(proto.Size(m)))
+	}
+}
+
+func (r *run) enqueue(m *dragonv1.PeerMessage) {
+	select {
+	case r.out <- m:
+	default:
+		// The sender is behind (a slow link); wait for it rather than drop
+		// a message the peer needs.
+		r.out <- m
+	}
+}
+
+func (r *run) handle(m *dragonv1.PeerMessage) error {
+	r.received += uint64(proto.Size(m))
+	var (
+		acts []aggregator.Action
+		err  error
+	)
+	switch k := m.GetKind().(type) {
+	case *dragonv1.PeerMessage_Drafts:
+		var ds []aggregator.Draft
+		if ds, err = fromDrafts(r.decode, k.Drafts.GetDrafts()); err != nil {
+			return err
+		}
+		for _, d := range ds {
+			r.record(r.opts.Self.Other(), d)
+			r.est.Decode(d.Side(), float64(d.Meta.Context), float64(d.Meta.DecodeMicros)/1000)
+		}
+		acts, err = r.node.Step(aggregator.RemoteDrafts{Drafts: ds})
+	case *dragonv1.PeerMessage_Verdicts:
+		vs := make([]aggregator.Verdict, len(k.Verdicts.GetVerdicts()))
+		for i, v := range k.Verdicts.GetVerdicts() {
+			vs[i] = fromVerdict(v)
+		}
+		acts, err = r.node.Step(aggregator.RemoteVerdicts{Verdicts: vs})
+	case *dragonv1.PeerMessage_Handover:
+		var h aggregator.Handover
+		if h, err = fromHandover(r.decode, k.Handover); err != nil {
+			return err
+		}
+		r.heldFrom = h.NextStep
+		acts, err = r.node.Step(aggregator.RemoteHandover{Handover: h})
+	case *dragonv1.PeerMessage_Ping:
+		r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Pong{Pong: &dragonv1.Pong{
+			Seq: k.Ping.GetSeq(), PingSentUnixNano: k.Ping.GetSentUnixNano(), SentUnixNano: time.Now().UnixNano(),
+		}}})
+		return nil
+	case *dragonv1.PeerMessage_Pong:
+		r.pong(k.Pong)
+		return nil
+	case *dragonv1.PeerMessage_Cancel:
+		if r.finish == "" {
+			r.finish = FinishCancelled
+		}
+		r.over = true
+		return nil
+	case *dragonv1.PeerMessage_Error:
+		return status.Errorf(codes.Code(k.Error.GetCode()), "peer: %s", k.Error.GetMessage())
+	default:
+		return fmt.Errorf("%w: unexpected %T during a generation", aggregator.ErrProtocol, k)
+	}
+	if err != nil {
+		return err
+	}
+	return r.apply(acts)
+}
+
+// apply carries out a Node's actions, then asks the scheduler whether the
+// aggregator should move.
+func (r *run) apply(acts []aggregator.Action) error {
+	decided := false
+	for _, a := range acts {
+		switch a := a.(type) {
+		case aggregator.SendDrafts:
+			m := msgDrafts(r.opts.SessionID, a.Drafts)
+			r.est.Message(proto.Size(m))
+			r.enqueue(m)
+		case aggregator.SendVerdicts:
+			r.enqueue(msgVerdicts(r.opts.SessionID, a.Verdicts))
+		case aggregator.SendHandover:
+			r.log.Debug("handing the aggregator over", "next_step", a.Handover.NextStep)
+			r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Handover{Handover: toHandover(r.opts.SessionID, a.Handover)}})
+		case aggregator.Decided:
+			decided = true
+			if err := r.onDecided(a.Verdict); err != nil {
+				return err
+			}
+		case aggregator.Rollback:
+			r.mu.Lock()
+			rb := a
+			r.pending = &rb
+			if r.cancelPass != nil {
+				r.cancelPass() // its drafts are stale: stop the pass in flight
+			}
+			r.mu.Unlock()
+			r.signal()
+		case aggregator.Done:
+			if r.finish == "" {
+				r.finish = FinishMaxTokens
+			}
+			r.stopProducer()
+			r.over = r.over || r.opts.Owner
+		}
+	}
+	if decided && r.node.Aggregating() && !r.node.Done() && !r.over && r.shouldMove() {
+		acts, err := r.node.Step(aggregator.SwitchRequest{})
+		if err != nil {
+			return err
+		}
+		return r.apply(acts)
+	}
+	return nil
+}
+
+func (r *run) shouldMove() bool {
+	if r.opts.SwitchEvery > 0 {
+		return r.node.NextStep() >= r.heldFrom+uint64(r.opts.SwitchEvery)
+	}
+	return r.sched.Move(r.node.NextStep(), r.opts.Self, r.est.Costs())
+}
+
+// onDecided handles one target token.
+func (r *run) onDecided(v aggregator.Verdict) error {
+	if r.node.Aggregating() {
+		r.sum.Aggregated[r.opts.Self.Index()]++
+	} else {
+		r.sum.Aggregated[r.opts.Self.Other().Index()]++
+	}
+	r.est.Verdict(v)
+	if t := r.sum.Trace; t != nil {
+		t.Accept[0] = append(t.Accept[0], v.Accept[0])
+		t.Accept[1] = append(t.Accept[1], v.Accept[1])
+	}
+	r.mu.Lock()
+	r.decided = v.Step + 1
+	r.mu.Unlock()
+	r.signal()
+	if r.over {
+		return nil
+	}
+	if r.model.IsEOG(v.Target) {
+		r.finish = FinishEOG
+		return nil
+	}
+	r.sum.Tokens = append(r.sum.Tokens, v.Target)
+	r.sum.TokenTimes = append(r.sum.TokenTimes, time.Now())
+	if r.emit != nil {
+		stop, err := r.emit(int(v.Step), v.Target)
+		if err != nil {
+			return err
+		}
+		if stop {
+			r.finish = FinishStop
+			if _, err := r.node.Step(aggregator.Finish{}); err != nil {
+				return err
+			}
+			r.stopProducer()
+			r.over = r.over || r.opts.Owner
+		}
+	}
+	return nil
+}
+
+// record adds a draft's decoding time to the trace.
+func (r *run) record(side aggregator.Side, d aggregator.Draft) {
+	if t := r.sum.Trace; t != nil {
+		i := side.Index()
+		t.DecodeMS[i] = append(t.DecodeMS[i], float64(d.Meta.DecodeMicros)/1000)
+	}
+}
+
+func (r *run) ping() {
+	r.pingSeq++
+	p := &dragonv1.Ping{Seq: r.pingSeq, SentUnixNano: time.Now().UnixNano()}
+	if r.pingSeq%padEvery == 0 {
+		p.Padding = make([]byte, padBytes)
+	}
+	r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Ping{Ping: p}})
+}
+
+func (r *run) pong(p *dragonv1.Pong) {
+	ms := float64(time.Now().UnixNano()-p.GetPingSentUnixNano()) / 1e6
+	if ms < 0 || ms > 60_000 {
+		return // not a time this side sent
+	}
+	if p.GetSeq()%padEvery == 0 {
+		r.est.Bandwidth(padBytes, ms-r.plainRTT)
+		return
+	}
+	r.plainRTT = ms
+	r.est.RTT(ms)
+}
+
+func (r *run) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *run) stopProducer() {
+	r.mu.Lock()
+	r.stopped = true
+	if r.cancelPass != nil {
+		r.cancelPass()
+	}
+	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *run) fillSummary() {
+	s := &r.sum
+	s.Finish = r.finish
+	for i, side := range aggregator.Sides {
+		st := r.node.Stats(side)
+		s.Accepted[i], s.Rejected[i], s.Stale[i] = st.Accepted, st.Rejected, st.Stale
+	}
+	s.Switches = r.node.Handovers()
+	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received
+	s.ForwardPasses = r.dec.Steps()
+	s.LocalAccepted = r.dec.SpecStats().AcceptedTokens
+	s.RTT = time.Duration(r.est.RTTMS() * float64(time.Millisecond))
+}
+
+// produce runs the decoder: prefill, then drafts as fast as the decoder
+// makes them, within the lookahead, until stopped. A rollback request
+// aborts the pass in flight and rewinds the decoder to the decided answer.
+func (r *run) produce(ctx context.Context, query string, passages []decoder.Passage, bursts chan<- burst) error {
+	if err := r.dec.Start(ctx, query, passages); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("session: prefill: %w", err)
+	}
+	defer r.dec.Finish()
+	prop, err := aggregator.NewProposer(r.opts.Self, r.opts.Sampling.Seed, r.opts.Sampling.Greedy(), r.opts.CodecTopP)
+	if err != nil {
+		return err
+	}
+	var (
+		epoch     uint32
+		paused    bool // drafted the end token: wait for its verdict
+		proposals = map[int]aggregator.Draft{}
+		probs     []float32
+		scores    []float32
+	)
+	hTilde := r.dec.HTilde()
+	choose := func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
+		probs, scores = r.process(mix, hist, probs, scores)
+		d, err := prop.Propose(probs, uint64(pos), epoch, hTilde)
+		if err != nil {
+			return 0, err
+		}
+		proposals[pos] = d
+		return d.Token(), nil
+	}
+	for {
+		next := uint64(len(r.dec.Generated()))
+		r.mu.Lock()
+		var limit int
+		for {
+			limit = min(int(r.decided)+r.opts.Lookahead-int(next), r.opts.MaxTokens-int(next))
+			if r.stopped || r.pending != nil || (!paused && limit > 0) {
+				break
+			}
+			r.mu.Unlock()
+			select {
+			case <-r.wake:
+			case <-ctx.Done():
+				return nil
+			}
+			r.mu.Lock()
+		}
+		if r.stopped {
+			r.mu.Unlock()
+			return nil
+		}
+		if rb := r.pending; rb != nil {
+			r.pending = nil
+			r.mu.Unlock()
+			if err := r.dec.Rewind(int(rb.Step), rb.Target); err != nil {
+				return err
+			}
+			epoch, paused = rb.Epoch, r.model.IsEOG(rb.Target)
+			continue
+		}
+		passCtx, cancel := context.WithCancel(ctx)
+		r.cancelPass = cancel
+		r.mu.Unlock()
+
+		start := time.Now()
+		toks, err := r.dec.Step(passCtx, choose, limit)
+		r.mu.Lock()
+		r.cancelPass = nil
+		r.mu.Unlock()
+		cancel()
+		if err != nil {
+			if errors.Is(err, engine.ErrAborted) {
+				if ctx.Err() != nil {
+					return nil
+				}
+				continue // a rollback or the end
+			}
+			return err
+		}
+		per := time.Since(start) / time.Duration(len(toks))
+		longest := 0
+		for i := range r.dec.Seqs() {
+			longest = max(longest, len(r.dec.Prompt(i)))
+		}
+		b := burst{drafts: make([]aggregator.Draft, 0, len(toks))}
+		for i, t := range toks {
+			d := proposals[int(next)+i]
+			d.Meta = aggregator.Meta{DecodeMicros: uint32(per.Microseconds()), Context: uint32(longest + int(next) + i)}
+			b.drafts = append(b.drafts, d)
+			if r.model.IsEOG(t) {
+				paused = true
+				break // nothing after the end is worth sending
+			}
+		}
+		clear(proposals)
+		select {
+		case bursts <- b:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// process is the distribution a side drafts from and sends: the mixture
+// shaped by the sampling parameters. Greedy decoding sends the mixture
+// itself (with the repetition penalty), so that the aggregator can take the
+// argmax of the two sides' mixture; the draft is its argmax.
+func (r *run) process(mix []float32, hist []engine.Token, dst, scores []float32) ([]float32, []float32) {
+	sp := r.opts.Sampling
+	if sp.Greedy() {
+		sp.Temperature = 1
+	}
+	plain := sp.Temperature == 1 && (sp.RepeatPenalty == 0 || sp.RepeatPenalty == 1) && sp.TopK == 0 &&
+		(sp.TopP == 0 || sp.TopP == 1) && sp.MinP == 0
+	if plain {
+		return mix, scores
+	}
+	scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
+	for i, p := range mix {
+		scores[i] = float32(math.Log(float64(p)))
+	}
+	return sp.Dist(scores, hist, dst), scores
+}

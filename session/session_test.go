@@ -1,0 +1,197 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/fake"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/specdec"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	devicePassages = []decoder.Passage{
+		{Text: "From: Ann. The lamp at the harbour office is broken; call Bob at 555-0100.", Score: 2},
+		{Text: "From: Bob. Meeting moved to Friday at the lighthouse, bring the lamp.", Score: 1},
+	}
+	cloudPassages = []decoder.Passage{
+		{Text: "The lighthouse keeper lit the lamp at dusk and put it out at dawn.", Score: 1.5},
+		{Text: "Harbour offices keep spare lamps for the lighthouse in winter.", Score: 0.5},
+	}
+)
+
+const query = "Who should I call about the lamp at the lighthouse?"
+
+// copier is a fake model that copies text from its context often, so that
+// both sides' drafts often agree and local speculation pays.
+var copier = fake.Config{Seed: 3, Vocab: 300, Copy: 5, CopyOrder: 1, CallLatency: 200 * time.Microsecond}
+
+func newDecoder(t *testing.T, spec bool) *decoder.Decoder {
+	t.Helper()
+	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512}
+	if spec {
+		opts.Spec = specdec.DefaultOptions()
+		opts.NoCostModel = true // verify every draft: bursts are what this tests
+	}
+	d, err := decoder.New(fake.New(copier), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// delayed delivers each sent message after a latency, in order, as a
+// slow link would.
+type delayed struct {
+	Conn
+	mu    sync.Mutex
+	last  time.Time
+	delay func() time.Duration
+	wg    sync.WaitGroup
+	queue chan func()
+}
+
+func withLatency(c Conn, delay func() time.Duration) *delayed {
+	d := &delayed{Conn: c, delay: delay, queue: make(chan func(), 4096)}
+	go func() {
+		for f := range d.queue {
+			f()
+		}
+	}()
+	return d
+}
+
+func (d *delayed) Send(m *dragonv1.PeerMessage) error {
+	d.mu.Lock()
+	at := time.Now().Add(d.delay())
+	if at.Before(d.last) {
+		at = d.last
+	}
+	d.last = at
+	d.mu.Unlock()
+	d.queue <- func() {
+		time.Sleep(time.Until(at))
+		_ = d.Conn.Send(m)
+	}
+	return nil
+}
+
+func (d *delayed) close() { close(d.queue) }
+
+type pairConfig struct {
+	sync        Sync
+	sampling    sampling.Params
+	switchEvery int
+	first       aggregator.Side
+	spec        bool
+	latency     func() time.Duration
+	maxTokens   int
+}
+
+// runPair runs a device and a cloud side against each other and returns
+// both summaries.
+func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
+	t.Helper()
+	a, b := Pipe()
+	var devConn, cldConn Conn = a, b
+	if c.latency != nil {
+		da, db := withLatency(a, c.latency), withLatency(b, c.latency)
+		defer da.close()
+		defer db.close()
+		devConn, cldConn = da, db
+	}
+	if c.maxTokens == 0 {
+		c.maxTokens = 40
+	}
+	opts := func(side aggregator.Side) Options {
+		return Options{
+			Self: side, SessionID: 9, Sync: c.sync, Owner: side == aggregator.Device, Sampling: c.sampling,
+			MaxTokens: c.maxTokens, Aggregator: c.first, SwitchEvery: c.switchEvery, PingEvery: 5 * time.Millisecond,
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	var cloudErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoder(t, c.spec), query, cloudPassages, cldConn, nil)
+	}()
+	var emitted []engine.Token
+	dev, err := Run(ctx, opts(aggregator.Device), newDecoder(t, c.spec), query, devicePassages, devConn,
+		func(step int, tok engine.Token) (bool, error) {
+			require.Equal(t, len(emitted), step)
+			emitted = append(emitted, tok)
+			return false, nil
+		})
+	require.NoError(t, err)
+	wg.Wait()
+	a.Close()
+	require.NoError(t, cloudErr)
+	require.Equal(t, emitted, dev.Tokens)
+	return dev, cld
+}
+
+// TestGreedySpeculativeEqualsTokenWise: greedy DRAGON emits exactly the
+// tokens token-wise synchronisation emits, with or without local
+// speculation, whoever aggregates and however often the aggregator moves.
+func TestGreedySpeculativeEqualsTokenWise(t *testing.T) {
+	tw, _ := runPair(t, pairConfig{sync: TokenWise})
+	require.NotEmpty(t, tw.Tokens)
+	assert.Zero(t, tw.Switches)
+	for _, c := range []pairConfig{
+		{first: aggregator.Device},
+		{first: aggregator.Cloud, spec: true},
+		{switchEvery: 3, spec: true},
+		{switchEvery: 1, first: aggregator.Cloud},
+	} {
+		name := fmt.Sprintf("first %v, switch every %d, spec %v", c.first, c.switchEvery, c.spec)
+		dev, cld := runPair(t, c)
+		assert.Equal(t, tw.Tokens, dev.Tokens, name)
+		assert.Equal(t, dev.Tokens, cld.Tokens, "%s: both sides decided the same", name)
+		assert.Equal(t, tw.Finish, dev.Finish, name)
+		if c.switchEvery > 0 {
+			// A burst of local drafts can decide several steps at once.
+			assert.GreaterOrEqual(t, dev.Switches, uint64(len(dev.Tokens)/(c.switchEvery+specdec.DefaultOptions().MaxDraft)), name)
+			assert.Greater(t, dev.Switches, uint64(2), name)
+			assert.Positive(t, dev.Aggregated[0], name)
+			assert.Positive(t, dev.Aggregated[1], name)
+		}
+	}
+}
+
+// TestSampledAnswerDependsOnSeedOnly: sampled DRAGON and token-wise
+// synchronisation give the same answer for a seed (the randomness is keyed
+// by step), under a jittery link, with local speculation and handovers.
+func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
+	sp := sampling.Params{Temperature: 0.9, Seed: 77}
+	tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp})
+	r := rand.New(rand.NewPCG(1, 2))
+	var mu sync.Mutex
+	jitter := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(r.IntN(3000)) * time.Microsecond
+	}
+	dev, cld := runPair(t, pairConfig{sampling: sp, spec: true, switchEvery: 4, latency: jitter})
+	assert.Equal(t, tw.Tokens, dev.Tokens)
+	assert.Equal(t, dev.Tokens, cld.Tokens)
+	assert.Positive(t, dev.Rejected[0]+dev.Rejected[1], "the sides disagreed at times")
+
+	other, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sampling.Params{Temperature: 0.9, Seed: 78}})
+	assert.NotEqual(t, tw.Tokens, other.Tokens, "another seed, another answer")
+}
