@@ -230,8 +230,8 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 		opts: opts, dec: dec, model: dec.Model(), conn: conn, emit: emit,
 		log:  opts.Log.With("session", opts.SessionID, "side", opts.Self.String()),
 		node: node, sched: sched, decode: cd,
-		est:  profiler.NewEstimator(profiler.Config{}, opts.Fits[0], opts.Fits[1]),
-		out:  make(chan *dragonv1.PeerMessage, 256), senderErr: make(chan error, 1),
+		est: profiler.NewEstimator(profiler.Config{}, opts.Fits[0], opts.Fits[1]),
+		out: make(chan *dragonv1.PeerMessage, 256), senderErr: make(chan error, 1),
 		wake: make(chan struct{}, 1),
 	}
 	if opts.Record {
