@@ -1,0 +1,196 @@
+package netsim
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"io"
+	"math"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestDelayDistributions(t *testing.T) {
+	for _, dist := range []Jitter{Normal, Uniform} {
+		d, err := NewDirection(Shape{Latency: 100 * time.Millisecond, Jitter: 20 * time.Millisecond, Dist: dist}, 1)
+		require.NoError(t, err)
+		var xs []float64
+		for range 20000 {
+			xs = append(xs, float64(d.Delay())/1e6)
+		}
+		mean, sd := meanSD(xs)
+		assert.InDelta(t, 100, mean, 0.5, "%v mean", dist)
+		want := 20.0
+		if dist == Uniform {
+			want = 40 / math.Sqrt(12)
+			assert.GreaterOrEqual(t, slices.Min(xs), 80.0)
+			assert.LessOrEqual(t, slices.Max(xs), 120.0)
+		}
+		assert.InDelta(t, want, sd, 0.5, "%v spread", dist)
+	}
+	_, err := NewDirection(Shape{Latency: -1}, 1)
+	assert.Error(t, err)
+	_, err = ParseJitter("pareto")
+	assert.Error(t, err)
+}
+
+func meanSD(xs []float64) (float64, float64) {
+	var s, ss float64
+	for _, x := range xs {
+		s += x
+	}
+	m := s / float64(len(xs))
+	for _, x := range xs {
+		ss += (x - m) * (x - m)
+	}
+	return m, math.Sqrt(ss / float64(len(xs)))
+}
+
+// echoServer answers every byte it reads.
+func echoServer(t *testing.T) net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// roundTrips sends n small messages through c one at a time and returns
+// each one's round trip in ms.
+func roundTrips(t *testing.T, c net.Conn, n int) []float64 {
+	r := bufio.NewReader(c)
+	var out []float64
+	buf := make([]byte, 8)
+	for i := range n {
+		binary.LittleEndian.PutUint64(buf, uint64(i))
+		start := time.Now()
+		_, err := c.Write(buf)
+		require.NoError(t, err)
+		got := make([]byte, 8)
+		_, err = io.ReadFull(r, got)
+		require.NoError(t, err)
+		require.Equal(t, buf, got)
+		out = append(out, float64(time.Since(start))/1e6)
+	}
+	return out
+}
+
+// TestProxyAddsLatency measures on loopback that a proxy with one-way
+// latency L makes a round trip of 2L, within 5%.
+func TestProxyAddsLatency(t *testing.T) {
+	up := echoServer(t)
+	link, err := NewLink(Shape{Latency: 40 * time.Millisecond}, 1)
+	require.NoError(t, err)
+	p, err := NewProxy("127.0.0.1:0", up.Addr().String(), link, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Serve(ctx) }()
+	c, err := net.Dial("tcp", p.Addr())
+	require.NoError(t, err)
+	rtts := roundTrips(t, c, 15)
+	med := median(rtts)
+	assert.InEpsilon(t, 80, med, 0.05, "median round trip %.1f ms", med)
+	assert.GreaterOrEqual(t, slices.Min(rtts), 80.0)
+
+	// Changed while running.
+	require.NoError(t, link.Up.SetShape(Shape{Latency: 10 * time.Millisecond}))
+	require.NoError(t, link.Down.SetShape(Shape{Latency: 10 * time.Millisecond}))
+	med = median(roundTrips(t, c, 15))
+	assert.InEpsilon(t, 20, med, 0.1, "median round trip %.1f ms after the change", med)
+	c.Close()
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// TestJitterKeepsOrder: with jitter far larger than the gaps between
+// writes, a stream still arrives whole and in order.
+func TestJitterKeepsOrder(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	dir, err := NewDirection(Shape{Latency: 5 * time.Millisecond, Jitter: 5 * time.Millisecond, Dist: Uniform}, 3)
+	require.NoError(t, err)
+	got := make(chan []uint32)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(got)
+			return
+		}
+		defer c.Close()
+		var seq []uint32
+		buf := make([]byte, 4)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				break
+			}
+			seq = append(seq, binary.LittleEndian.Uint32(buf))
+		}
+		got <- seq
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	c := Wrap(raw, dir)
+	start := time.Now()
+	for i := range uint32(500) {
+		_, err := c.Write(binary.LittleEndian.AppendUint32(nil, i))
+		require.NoError(t, err)
+	}
+	require.Less(t, time.Since(start), 50*time.Millisecond, "writes do not wait for delivery")
+	require.NoError(t, c.Close())
+	seq := <-got
+	require.Len(t, seq, 500)
+	for i, v := range seq {
+		require.Equal(t, uint32(i), v)
+	}
+}
+
+// TestListenerShapesServerWrites: a shaped listener delays what the server
+// sends.
+func TestListenerShapesServerWrites(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dir, err := NewDirection(Shape{Latency: 30 * time.Millisecond}, 1)
+	require.NoError(t, err)
+	ln := Listen(raw, dir)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	med := median(roundTrips(t, c, 10))
+	assert.InEpsilon(t, 30, med, 0.1, "one delayed direction: %.1f ms", med)
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
