@@ -119,6 +119,7 @@ type Decoder struct {
 	branches int
 
 	// The current generation.
+	mode     Mode
 	passages []Passage
 	prompts  [][]engine.Token // per sequence
 	w        []float32        // ω = softmax(R)
@@ -221,12 +222,17 @@ func (d *Decoder) Prompt(i int) []engine.Token { return d.prompts[i] }
 // top-k successors of every prompt position (for in-context calibration);
 // asking for them makes the prefill compute logits for every row.
 func (d *Decoder) Begin(ctx context.Context, query string, passages []Passage, calib func(seq int, rows [][]engine.TokenLogit) error) error {
+	return d.beginMode(ctx, query, passages, d.opts.Mode, calib)
+}
+
+func (d *Decoder) beginMode(ctx context.Context, query string, passages []Passage, mode Mode, calib func(seq int, rows [][]engine.TokenLogit) error) error {
 	if query == "" {
 		return fmt.Errorf("decoder: %w: empty query", engine.ErrInvalidInput)
 	}
-	if len(passages) > d.opts.MaxPassages && d.opts.Mode == OutputAggregation {
+	if len(passages) > d.opts.MaxPassages && mode == OutputAggregation {
 		return fmt.Errorf("decoder: %w: %d passages, at most %d", engine.ErrInvalidInput, len(passages), d.opts.MaxPassages)
 	}
+	d.mode = mode
 	d.passages = append(d.passages[:0], passages...)
 	texts, scores := d.promptTexts(query)
 	hTilde := math.Inf(-1) // no documents: no weight in a cross-side mixture
@@ -305,7 +311,7 @@ func (d *Decoder) promptTexts(query string) ([]string, []float64) {
 	switch {
 	case len(d.passages) == 0:
 		return []string{render("Question: " + query)}, []float64{0}
-	case d.opts.Mode == ContextAggregation:
+	case d.mode == ContextAggregation:
 		user := ""
 		for i, p := range d.passages {
 			user += fmt.Sprintf("Passage %d:\n%s\n\n", i+1, p.Text)
@@ -550,7 +556,7 @@ func (d *Decoder) undo(held []int, err error) error {
 
 // rescore applies fresh relevance scores (dynamic weights).
 func (d *Decoder) rescore(ctx context.Context, text string) error {
-	if d.opts.Rescore == nil || len(d.passages) == 0 || d.opts.Mode == ContextAggregation {
+	if d.opts.Rescore == nil || len(d.passages) == 0 || d.mode == ContextAggregation {
 		return nil
 	}
 	scores, err := d.opts.Rescore(ctx, text, d.passages)

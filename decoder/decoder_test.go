@@ -489,3 +489,31 @@ func TestStepAndRewind(t *testing.T) {
 	_, err := d.Step(ctx, greedy, 0)
 	require.ErrorIs(t, err, engine.ErrInvalidInput)
 }
+
+// TestRequestContextAndLogProbs: a request can ask an output-aggregation
+// decoder for context aggregation, and every result carries the log
+// probability of each token under the mixture it came from.
+func TestRequestContextAndLogProbs(t *testing.T) {
+	ctx := context.Background()
+	_, out := newFake(t, Options{})
+	_, cat := newFake(t, Options{Mode: ContextAggregation})
+	req := Request{Query: "q?", Passages: threePassages, MaxTokens: 12}
+	want, err := cat.Generate(ctx, req, nil)
+	require.NoError(t, err)
+	req.Context = true
+	got, err := out.Generate(ctx, req, nil)
+	require.NoError(t, err)
+	assert.Equal(t, want.Tokens, got.Tokens)
+	require.Len(t, got.LogProbs, len(got.Tokens))
+
+	require.NoError(t, out.Begin(ctx, "q?", threePassages, nil))
+	mix := must(out.Next(ctx))
+	req.Context = false
+	res, err := out.Generate(ctx, req, nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, res.Tokens)
+	assert.InDelta(t, math.Log(float64(mix[res.Tokens[0]])), res.LogProbs[0], 1e-6)
+	for _, lp := range res.LogProbs {
+		assert.LessOrEqual(t, lp, 0.0)
+	}
+}

@@ -21,6 +21,9 @@ type Request struct {
 	Sampling  sampling.Params
 	MaxTokens int
 	Stop      []string
+	// Context concatenates the passages into one prompt for this request
+	// (context aggregation) whatever the decoder's mode.
+	Context bool
 }
 
 // Result summarizes a generation.
@@ -33,6 +36,9 @@ type Result struct {
 	DecodeMS  float64 // after the first token
 	Steps     int     // forward passes after the prefill
 	Spec      specdec.Stats
+	// LogProbs are the natural logs of each token's probability under the
+	// locally-aggregated mixture it was chosen from.
+	LogProbs []float64
 }
 
 // TokensPerSecond is the decode throughput after the first token.
@@ -53,10 +59,18 @@ type Chooser func(mix []float32, pos int, history []engine.Token) (engine.Token,
 // the drafter on its prompts (calibrated from the prefill's logits when
 // configured).
 func (d *Decoder) Start(ctx context.Context, query string, passages []Passage) error {
+	return d.StartMode(ctx, query, passages, d.opts.Mode)
+}
+
+// StartMode is Start with the passages entering the model as mode says for
+// this generation (a decoder made for output aggregation can concatenate
+// passages into one prompt, the DRCG baseline, and the other way round as
+// far as MaxPassages allows).
+func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passage, mode Mode) error {
 	d.steps = 0
 	d.shadow.Reset()
 	if !d.opts.Spec.Enabled {
-		return d.Begin(ctx, query, passages, nil)
+		return d.beginMode(ctx, query, passages, mode, nil)
 	}
 	var err error
 	if d.drafter, err = specdec.NewDrafter(d.opts.Spec, d.acc); err != nil {
@@ -66,7 +80,7 @@ func (d *Decoder) Start(ctx context.Context, query string, passages []Passage) e
 	if d.opts.Spec.Calibration {
 		calib = d.calibrate
 	}
-	if err := d.Begin(ctx, query, passages, calib); err != nil {
+	if err := d.beginMode(ctx, query, passages, mode, calib); err != nil {
 		return err
 	}
 	if calib == nil {
@@ -226,13 +240,19 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		req.MaxTokens = 256
 	}
 	start := time.Now()
-	if err := d.Start(ctx, req.Query, req.Passages); err != nil {
+	mode := d.opts.Mode
+	if req.Context {
+		mode = ContextAggregation
+	}
+	if err := d.StartMode(ctx, req.Query, req.Passages, mode); err != nil {
 		return res, err
 	}
 	defer d.Finish()
 	res.PrefillMS = since(start)
 
 	detok := engine.NewDetokenizer(d.model)
+	// chosenProb[pos] is the mixture probability of the token chosen at pos.
+	var chosenProb []float32
 	var text strings.Builder
 	var probs []float32
 	decodeStart := time.Time{}
@@ -246,6 +266,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			}
 			piece := detok.Add(t)
 			text.WriteString(piece)
+			res.LogProbs = append(res.LogProbs, math.Log(float64(chosenProb[len(res.Tokens)])))
 			res.Tokens = append(res.Tokens, t)
 			if len(res.Tokens) == 1 {
 				res.TTFTMS = since(start)
@@ -284,15 +305,22 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	// every position this way, so they emit the same answer for a seed.
 	var scores []float32
 	choose := func(mix []float32, pos int, history []engine.Token) (engine.Token, error) {
+		var tok engine.Token
 		if greedyPlain {
-			return engine.Token(sampling.Argmax(mix)), nil
+			tok = engine.Token(sampling.Argmax(mix))
+		} else {
+			scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
+			for i, p := range mix {
+				scores[i] = float32(math.Log(float64(p)))
+			}
+			probs = req.Sampling.Dist(scores, history, probs)
+			tok = sampling.DrawU(probs, req.Sampling.Uniform(pos))
 		}
-		scores = slices.Grow(scores[:0], len(mix))[:len(mix)]
-		for i, p := range mix {
-			scores[i] = float32(math.Log(float64(p)))
+		if pos >= len(chosenProb) {
+			chosenProb = append(chosenProb, make([]float32, pos+1-len(chosenProb))...)
 		}
-		probs = req.Sampling.Dist(scores, history, probs)
-		return sampling.DrawU(probs, req.Sampling.Uniform(pos)), nil
+		chosenProb[pos] = mix[tok]
+		return tok, nil
 	}
 	finish := func(err error) (Result, error) {
 		res.Text = text.String() + detok.Flush()
