@@ -507,7 +507,7 @@ func TestRequestContextAndLogProbs(t *testing.T) {
 	require.Len(t, got.LogProbs, len(got.Tokens))
 
 	require.NoError(t, out.Begin(ctx, "q?", threePassages, nil))
-	mix := must(out.Next(ctx))
+	mix := append([]float32(nil), must(out.Next(ctx))...)
 	req.Context = false
 	res, err := out.Generate(ctx, req, nil)
 	require.NoError(t, err)
