@@ -207,7 +207,7 @@ func (d *Decoder) Rewind(n int, toks ...engine.Token) error {
 	if n < 0 || n > len(d.gen) {
 		return fmt.Errorf("decoder: %w: rewind to %d of %d tokens", engine.ErrInvalidInput, n, len(d.gen))
 	}
-	if d.drafter != nil {
+	if d.drafter != nil && d.drafter.AnswerOpen() {
 		if err := d.drafter.Rollback(len(d.gen) - n); err != nil {
 			return fmt.Errorf("decoder: %w", err)
 		}

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -37,17 +38,23 @@ var (
 const query = "Who should I call about the lamp at the lighthouse?"
 
 // copier is a fake model that copies text from its context often, so that
-// both sides' drafts often agree and local speculation pays.
+// local speculation pays. The fake's distributions hardly depend on the
+// passages, so the cloud runs it with another seed: the two sides then
+// disagree as sides with different corpora do.
 var copier = fake.Config{Seed: 3, Vocab: 300, Copy: 5, CopyOrder: 1, CallLatency: 200 * time.Microsecond}
 
-func newDecoder(t *testing.T, spec bool) *decoder.Decoder {
+func newDecoder(t *testing.T, side aggregator.Side, spec bool) *decoder.Decoder {
 	t.Helper()
+	cfg := copier
+	if side == aggregator.Cloud {
+		cfg.Seed = 4
+	}
 	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512}
 	if spec {
 		opts.Spec = specdec.DefaultOptions()
 		opts.NoCostModel = true // verify every draft: bursts are what this tests
 	}
-	d, err := decoder.New(fake.New(copier), opts)
+	d, err := decoder.New(fake.New(cfg), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { d.Close() })
 	return d
@@ -129,10 +136,10 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoder(t, c.spec), query, cloudPassages, cldConn, nil)
+		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, c.spec), query, cloudPassages, cldConn, nil)
 	}()
 	var emitted []engine.Token
-	dev, err := Run(ctx, opts(aggregator.Device), newDecoder(t, c.spec), query, devicePassages, devConn,
+	dev, err := Run(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, c.spec), query, devicePassages, devConn,
 		func(step int, tok engine.Token) (bool, error) {
 			require.Equal(t, len(emitted), step)
 			emitted = append(emitted, tok)
@@ -194,4 +201,117 @@ func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
 
 	other, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sampling.Params{Temperature: 0.9, Seed: 78}})
 	assert.NotEqual(t, tw.Tokens, other.Tokens, "another seed, another answer")
+}
+
+// runModes runs the device half f against the cloud half g over a pipe.
+func runModes(t *testing.T, dev func(Conn) (Summary, error), cld func(Conn) error) Summary {
+	t.Helper()
+	a, b := Pipe()
+	defer a.Close()
+	var wg sync.WaitGroup
+	var cloudErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		cloudErr = cld(b)
+	}()
+	sum, err := dev(a)
+	require.NoError(t, err)
+	a.Close()
+	wg.Wait()
+	require.NoError(t, cloudErr)
+	return sum
+}
+
+// TestBaselineModes runs sequence-wise aggregation, the cloud alone and the
+// cloud's passages as text, and checks each answer against what the same
+// computation gives locally.
+func TestBaselineModes(t *testing.T) {
+	ctx := context.Background()
+	opts := func(side aggregator.Side) Options {
+		return Options{Self: side, SessionID: 4, Owner: side == aggregator.Device, MaxTokens: 30, Sampling: sampling.Params{Temperature: 1, Seed: 5}}
+	}
+	local := func(side aggregator.Side, passages []decoder.Passage, concat bool) []engine.Token {
+		sum, err := Local(ctx, opts(side), newDecoder(t, side, false), query, passages, concat, nil)
+		require.NoError(t, err)
+		return sum.Tokens
+	}
+	devAlone, cloudAlone := local(aggregator.Device, devicePassages, false), local(aggregator.Cloud, cloudPassages, false)
+	require.NotEqual(t, devAlone, cloudAlone, "the two corpora lead to different answers")
+
+	t.Run("cloud only", func(t *testing.T) {
+		var emitted []engine.Token
+		sum := runModes(t, func(c Conn) (Summary, error) {
+			return ReceiveSolo(ctx, opts(aggregator.Device), c, func(_ int, tok engine.Token) (bool, error) {
+				emitted = append(emitted, tok)
+				return false, nil
+			})
+		}, func(c Conn) error {
+			return ServeSolo(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, true), query, cloudPassages, c)
+		})
+		assert.Equal(t, cloudAlone, sum.Tokens)
+		assert.Equal(t, cloudAlone, emitted)
+	})
+
+	t.Run("context", func(t *testing.T) {
+		sum := runModes(t, func(c Conn) (Summary, error) {
+			ps, _, err := FetchPassages(ctx, c)
+			if err != nil {
+				return Summary{}, err
+			}
+			assert.Equal(t, cloudPassages, ps)
+			all := append(append([]decoder.Passage(nil), devicePassages...), ps...)
+			return Local(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), query, all, true, nil)
+		}, func(c Conn) error {
+			return ServePassages(ctx, 4, cloudPassages, c)
+		})
+		all := append(append([]decoder.Passage(nil), devicePassages...), cloudPassages...)
+		assert.Equal(t, local(aggregator.Device, all, true), sum.Tokens)
+	})
+
+	t.Run("sequence-wise", func(t *testing.T) {
+		sum := runModes(t, func(c Conn) (Summary, error) {
+			return SequenceWise(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), query, devicePassages, c, nil)
+		}, func(c Conn) error {
+			return ServeSequenceWise(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, true), query, cloudPassages, c)
+		})
+		// The answer is one of the two candidates, the one the mixture
+		// prefers: score both by hand.
+		var want []engine.Token
+		best := math.Inf(-1)
+		for _, cand := range [][]engine.Token{devAlone, cloudAlone} {
+			ll := mixtureLogLikelihood(t, cand)
+			if ll > best {
+				best, want = ll, cand
+			}
+		}
+		assert.Equal(t, want, sum.Tokens)
+		assert.Equal(t, uint64(1), sum.Aggregated[0]+sum.Aggregated[1])
+	})
+}
+
+// mixtureLogLikelihood scores toks (the end token after them when they
+// end before the limit) under the η-mixture of the two sides, decoding
+// step by step.
+func mixtureLogLikelihood(t *testing.T, toks []engine.Token) float64 {
+	ctx := context.Background()
+	dd, dc := newDecoder(t, aggregator.Device, false), newDecoder(t, aggregator.Cloud, false)
+	require.NoError(t, dd.Begin(ctx, query, devicePassages, nil))
+	require.NoError(t, dc.Begin(ctx, query, cloudPassages, nil))
+	etaD, etaC := aggregator.Weights(dd.HTilde(), dc.HTilde())
+	seq := append([]engine.Token(nil), toks...)
+	if len(seq) < 30 {
+		seq = append(seq, fake.TokEOS)
+	}
+	var ll float64
+	for _, tok := range seq {
+		pd, err := dd.Next(ctx)
+		require.NoError(t, err)
+		pc, err := dc.Next(ctx)
+		require.NoError(t, err)
+		ll += math.Log(etaD*float64(pd[tok]) + etaC*float64(pc[tok]))
+		dd.Push(tok)
+		dc.Push(tok)
+	}
+	return ll
 }

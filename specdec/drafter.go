@@ -136,6 +136,10 @@ func (d *Drafter) Rollback(n int) error {
 	return nil
 }
 
+// AnswerOpen reports whether an answer is open (between StartAnswer and
+// EndAnswer).
+func (d *Drafter) AnswerOpen() bool { return d.gen >= 0 }
+
 // EndAnswer closes the open answer; it stays indexed as an earlier answer
 // of the session.
 func (d *Drafter) EndAnswer() {

@@ -1,0 +1,444 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+// The baselines that synchronise less than Run does: sequence-wise
+// aggregation (DRDG/SW), the cloud alone, and the cloud's passages fetched
+// as text (DRCG/Text). Each has a device half (which owns the request) and
+// a cloud half.
+
+// errStop ends a local generation early without an error.
+var errStop = errors.New("stop")
+
+// messages forwards conn's messages to a channel until the stream ends or
+// ctx is done; the last value carries the error that ended it.
+func messages(ctx context.Context, conn Conn) <-chan inbound {
+	ch := make(chan inbound, 16)
+	go func() {
+		for {
+			m, err := conn.Recv()
+			select {
+			case ch <- inbound{m, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// expect waits for the next message and checks it is not an error.
+func expect(ctx context.Context, in <-chan inbound) (*dragonv1.PeerMessage, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case m := <-in:
+		if m.err != nil {
+			return nil, m.err
+		}
+		if e := m.msg.GetError(); e != nil {
+			return nil, status.Errorf(codes.Code(e.GetCode()), "peer: %s", e.GetMessage())
+		}
+		return m.msg, nil
+	}
+}
+
+// waitCancel waits for the device to end the session (a Cancel or the
+// end of the stream).
+func waitCancel(ctx context.Context, in <-chan inbound) error {
+	for {
+		m, err := expect(ctx, in)
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if m.GetCancel() != nil {
+			return nil
+		}
+	}
+}
+
+// sendCounted sends m and adds its size to *n.
+func sendCounted(conn Conn, m *dragonv1.PeerMessage, n *uint64) error {
+	if err := conn.Send(m); err != nil {
+		return err
+	}
+	*n += uint64(proto.Size(m))
+	return nil
+}
+
+// Local runs a generation on this side alone (device-only, and the device
+// half of the context and KV baselines): decoder.Generate with emit.
+func Local(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, concat bool, emit Emit) (Summary, error) {
+	if err := opts.defaults(); err != nil {
+		return Summary{}, err
+	}
+	var sum Summary
+	res, err := dec.Generate(ctx, decoder.Request{
+		Query: query, Passages: passages, Sampling: opts.Sampling, MaxTokens: opts.MaxTokens, Context: concat,
+	}, func(tok engine.Token, _ string) error {
+		sum.TokenTimes = append(sum.TokenTimes, time.Now())
+		if emit != nil {
+			stop, err := emit(len(sum.Tokens), tok)
+			sum.Tokens = append(sum.Tokens, tok)
+			if err == nil && stop {
+				err = errStop
+			}
+			return err
+		}
+		sum.Tokens = append(sum.Tokens, tok)
+		return nil
+	})
+	sum.ForwardPasses, sum.LocalAccepted = res.Steps, res.Spec.AcceptedTokens
+	switch {
+	case errors.Is(err, errStop):
+		sum.Finish, err = FinishStop, nil
+	case err != nil:
+		sum.Finish = FinishCancelled
+	default:
+		sum.Finish = finishOf(res.Stopped)
+	}
+	return sum, err
+}
+
+func finishOf(stopped string) Finish {
+	switch stopped {
+	case "eog":
+		return FinishEOG
+	case "stop":
+		return FinishStop
+	case "context":
+		return FinishContext
+	}
+	return FinishMaxTokens
+}
+
+// ServePassages is the cloud half of the context baseline: it sends its
+// passages as text and waits for the device to finish.
+func ServePassages(ctx context.Context, id uint64, passages []decoder.Passage, conn Conn) error {
+	ps := make([]*dragonv1.Passage, len(passages))
+	for i, p := range passages {
+		ps[i] = &dragonv1.Passage{Text: p.Text, Score: p.Score, Source: p.Source}
+	}
+	in := messages(ctx, conn)
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Passages{Passages: &dragonv1.Passages{SessionId: id, Passages: ps}}}); err != nil {
+		return err
+	}
+	return waitCancel(ctx, in)
+}
+
+// FetchPassages is the device half of the context baseline: the cloud's
+// passages, as text.
+func FetchPassages(ctx context.Context, conn Conn) ([]decoder.Passage, uint64, error) {
+	in := messages(ctx, conn)
+	m, err := expect(ctx, in)
+	if err != nil {
+		return nil, 0, err
+	}
+	ps := m.GetPassages()
+	if ps == nil {
+		return nil, 0, fmt.Errorf("%w: expected the cloud's passages, got %T", aggregator.ErrProtocol, m.GetKind())
+	}
+	out := make([]decoder.Passage, len(ps.GetPassages()))
+	for i, p := range ps.GetPassages() {
+		out[i] = decoder.Passage{Text: p.GetText(), Score: p.GetScore(), Source: p.GetSource()}
+	}
+	return out, uint64(proto.Size(m)), nil
+}
+
+// ServeSolo is the cloud half of cloud-only generation: it generates alone
+// and streams the tokens, until done or the device cancels.
+func ServeSolo(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	in := messages(ctx, conn)
+	go func() {
+		_ = waitCancel(ctx, in)
+		cancel()
+	}()
+	step := uint64(0)
+	_, err := Local(ctx, opts, dec, query, passages, false, func(_ int, tok engine.Token) (bool, error) {
+		m := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Tokens: []int32{tok}}}}
+		step++
+		return false, conn.Send(m)
+	})
+	if ctx.Err() != nil {
+		return nil // the device has what it needs
+	}
+	if err != nil {
+		return err
+	}
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Done: true}}}); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// ReceiveSolo is the device half of cloud-only generation.
+func ReceiveSolo(ctx context.Context, opts Options, conn Conn, emit Emit) (Summary, error) {
+	if err := opts.defaults(); err != nil {
+		return Summary{}, err
+	}
+	var sum Summary
+	in := messages(ctx, conn)
+	defer func() {
+		_ = sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}}, &sum.BytesSent)
+	}()
+	for {
+		m, err := expect(ctx, in)
+		if err != nil {
+			sum.Finish = FinishCancelled
+			return sum, err
+		}
+		sum.BytesReceived += uint64(proto.Size(m))
+		toks := m.GetTokens()
+		if toks == nil {
+			continue // pings and the like
+		}
+		if toks.GetStep() != uint64(len(sum.Tokens)) {
+			return sum, fmt.Errorf("%w: cloud tokens from step %d, expected %d", aggregator.ErrProtocol, toks.GetStep(), len(sum.Tokens))
+		}
+		for _, tok := range toks.GetTokens() {
+			sum.Tokens = append(sum.Tokens, tok)
+			sum.TokenTimes = append(sum.TokenTimes, time.Now())
+			if emit != nil {
+				stop, err := emit(len(sum.Tokens)-1, tok)
+				if err != nil {
+					return sum, err
+				}
+				if stop {
+					sum.Finish = FinishStop
+					return sum, nil
+				}
+			}
+		}
+		if toks.GetDone() {
+			sum.Finish = FinishEOG
+			if len(sum.Tokens) >= opts.MaxTokens {
+				sum.Finish = FinishMaxTokens
+			}
+			return sum, nil
+		}
+	}
+}
+
+// candidate generates this side's whole answer and scores it.
+type candidate struct {
+	tokens []int32 // the end token last when the answer ended with it
+	hTilde float64
+}
+
+// generateCandidate is one side's answer alone, the end token included
+// when the answer ended with it.
+func generateCandidate(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage) (candidate, Summary, error) {
+	sum, err := Local(ctx, opts, dec, query, passages, false, nil)
+	if err != nil {
+		return candidate{}, sum, err
+	}
+	c := candidate{tokens: append([]int32(nil), sum.Tokens...), hTilde: dec.HTilde()}
+	if sum.Finish == FinishEOG {
+		c.tokens = append(c.tokens, eogToken(dec.Model()))
+	}
+	return c, sum, nil
+}
+
+// eogToken is the model's end-of-generation token.
+func eogToken(m engine.Model) int32 {
+	for t := range m.Info().VocabSize {
+		if m.IsEOG(engine.Token(t)) {
+			return int32(t)
+		}
+	}
+	return 0
+}
+
+// score is this side's mixture probability of every token of toks, each
+// given the ones before it, in one batched pass over the passages of the
+// generation the decoder holds.
+func score(ctx context.Context, dec *decoder.Decoder, toks []int32) ([]float64, error) {
+	if err := dec.Rewind(0); err != nil {
+		return nil, err
+	}
+	if len(toks) == 0 {
+		return nil, nil
+	}
+	rows, err := dec.Verify(ctx, toks)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(toks))
+	for i, t := range toks {
+		out[i] = float64(rows[i][t])
+	}
+	return out, dec.Rewind(0)
+}
+
+// logLikelihood is Σ_t log(η^d·p^d_t + η^c·p^c_t): a candidate's
+// likelihood under the mixture of both sides (REPLUG's token-level
+// aggregation, here over a whole sequence).
+func logLikelihood(pd, pc []float64, etaD, etaC float64) float64 {
+	var ll float64
+	for i := range pd {
+		ll += math.Log(max(etaD*pd[i]+etaC*pc[i], 1e-300))
+	}
+	return ll
+}
+
+// ServeSequenceWise is the cloud half of DRDG/SW: generate a candidate,
+// exchange candidates, score both under the cloud's passages and send the
+// scores; the device decides.
+func ServeSequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn) error {
+	in := messages(ctx, conn)
+	own, _, err := generateCandidate(ctx, opts, dec, query, passages)
+	if err != nil {
+		return err
+	}
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Candidate{Candidate: &dragonv1.Candidate{
+		SessionId: opts.SessionID, Side: dragonv1.Side_SIDE_CLOUD, Tokens: own.tokens, LogRelevanceMass: own.hTilde,
+	}}}); err != nil {
+		return err
+	}
+	peer, err := receiveCandidate(ctx, in, dragonv1.Side_SIDE_DEVICE, dec.Model().Info().VocabSize)
+	if err != nil {
+		return err
+	}
+	pDev, err := score(ctx, dec, peer.tokens)
+	if err != nil {
+		return err
+	}
+	pCld, err := score(ctx, dec, own.tokens)
+	if err != nil {
+		return err
+	}
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Scores{Scores: &dragonv1.CandidateScores{
+		SessionId: opts.SessionID, DeviceCandidate: pDev, CloudCandidate: pCld,
+	}}}); err != nil {
+		return err
+	}
+	return waitCancel(ctx, in)
+}
+
+func receiveCandidate(ctx context.Context, in <-chan inbound, from dragonv1.Side, vocab int) (candidate, error) {
+	for {
+		m, err := expect(ctx, in)
+		if err != nil {
+			return candidate{}, err
+		}
+		c := m.GetCandidate()
+		if c == nil {
+			continue
+		}
+		if c.GetSide() != from {
+			return candidate{}, fmt.Errorf("%w: candidate from %v, expected %v", aggregator.ErrProtocol, c.GetSide(), from)
+		}
+		for _, t := range c.GetTokens() {
+			if t < 0 || int(t) >= vocab {
+				return candidate{}, fmt.Errorf("%w: candidate token %d outside the vocabulary", aggregator.ErrProtocol, t)
+			}
+		}
+		if h := c.GetLogRelevanceMass(); math.IsNaN(h) || math.IsInf(h, 1) {
+			return candidate{}, fmt.Errorf("%w: candidate relevance mass %v", aggregator.ErrProtocol, h)
+		}
+		return candidate{tokens: c.GetTokens(), hTilde: c.GetLogRelevanceMass()}, nil
+	}
+}
+
+// SequenceWise is the device half of DRDG/SW: both sides generate a
+// candidate alone, the candidates cross once, each side scores both under
+// its own passages, and the candidate with the higher likelihood under the
+// η-mixture of the two sides is the answer, emitted at once.
+func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn, emit Emit) (Summary, error) {
+	if err := opts.defaults(); err != nil {
+		return Summary{}, err
+	}
+	in := messages(ctx, conn)
+	var sum Summary
+	defer func() {
+		_ = sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}}, &sum.BytesSent)
+	}()
+	own, local, err := generateCandidate(ctx, opts, dec, query, passages)
+	sum.ForwardPasses, sum.LocalAccepted = local.ForwardPasses, local.LocalAccepted
+	if err != nil {
+		return sum, err
+	}
+	if err := sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Candidate{Candidate: &dragonv1.Candidate{
+		SessionId: opts.SessionID, Side: dragonv1.Side_SIDE_DEVICE, Tokens: own.tokens, LogRelevanceMass: own.hTilde,
+	}}}, &sum.BytesSent); err != nil {
+		return sum, err
+	}
+	peer, err := receiveCandidate(ctx, in, dragonv1.Side_SIDE_CLOUD, dec.Model().Info().VocabSize)
+	if err != nil {
+		return sum, err
+	}
+	dOwn, err := score(ctx, dec, own.tokens)
+	if err != nil {
+		return sum, err
+	}
+	dPeer, err := score(ctx, dec, peer.tokens)
+	if err != nil {
+		return sum, err
+	}
+	var scores *dragonv1.CandidateScores
+	for scores == nil {
+		m, err := expect(ctx, in)
+		if err != nil {
+			return sum, err
+		}
+		sum.BytesReceived += uint64(proto.Size(m))
+		scores = m.GetScores()
+	}
+	if len(scores.GetDeviceCandidate()) != len(own.tokens) || len(scores.GetCloudCandidate()) != len(peer.tokens) {
+		return sum, fmt.Errorf("%w: the cloud scored %d and %d tokens of candidates of %d and %d", aggregator.ErrProtocol,
+			len(scores.GetDeviceCandidate()), len(scores.GetCloudCandidate()), len(own.tokens), len(peer.tokens))
+	}
+	etaD, etaC := aggregator.Weights(own.hTilde, peer.hTilde)
+	answer := own.tokens
+	if logLikelihood(dPeer, scores.GetCloudCandidate(), etaD, etaC) > logLikelihood(dOwn, scores.GetDeviceCandidate(), etaD, etaC) {
+		answer = peer.tokens
+		sum.Aggregated[aggregator.Cloud.Index()] = 1
+	} else {
+		sum.Aggregated[aggregator.Device.Index()] = 1
+	}
+	sum.Finish = FinishMaxTokens
+	for i, tok := range answer {
+		if dec.Model().IsEOG(tok) {
+			sum.Finish = FinishEOG
+			break
+		}
+		sum.Tokens = append(sum.Tokens, tok)
+		sum.TokenTimes = append(sum.TokenTimes, time.Now())
+		if emit != nil {
+			stop, err := emit(i, tok)
+			if err != nil {
+				return sum, err
+			}
+			if stop {
+				sum.Finish = FinishStop
+				break
+			}
+		}
+	}
+	return sum, nil
+}
