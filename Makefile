@@ -66,9 +66,9 @@ vet: deps
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-# The whole suite, real model and corpora included, race detector on, then
-# a short fuzz run of the distribution decoder.
-test: deps model corpus vet proto-tools
+# The whole suite, real model, corpora and their (BM25) indexes included,
+# race detector on, then a short fuzz run of the distribution decoder.
+test: deps model corpus index vet proto-tools
 	$(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
 
@@ -76,13 +76,15 @@ test: deps model corpus vet proto-tools
 test-short: deps model
 	$(GO) test -count=1 ./...
 
-# Until the daemons exist: one side's RAG answer over the public corpus.
+# The demo: a cloud daemon over the public corpus and a device daemon over
+# the private mailbox, each on its own core with one thread, answer one
+# question that needs both, with Speculative Aggregation; then both stop.
 # The demo indexes are BM25-only (seconds to build); `make index
 # INDEX_FLAGS=` adds dense vectors (an hour of embedding on 2 cores).
 INDEX_FLAGS ?= --dense=false
-QUESTION ?= What did the president say about taxes and the national debt?
+QUESTION ?= What did my mail say about California electricity prices, and what did the president propose on energy?
 run: build model corpus index
-	bin/dragon ask --model $(MODEL) --threads $(THREADS) --index data/index/cloud --question "$(QUESTION)"
+	@scripts/demo.sh "$(QUESTION)"
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json

@@ -118,6 +118,9 @@ type Decoder struct {
 	// (1: linear drafts only).
 	branches int
 
+	// system overrides opts.System when not empty.
+	system string
+
 	// The current generation.
 	mode     Mode
 	passages []Passage
@@ -190,6 +193,10 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	d.cost = specdec.NewCostModel(d.acc, table, max(opts.Spec.MaxDraft, 1))
 	return d, nil
 }
+
+// SetSystem sets the system message of the generations that follow (""
+// restores Options.System).
+func (d *Decoder) SetSystem(system string) { d.system = system }
 
 // Close frees the engine context.
 func (d *Decoder) Close() error { return d.ectx.Close() }
@@ -298,13 +305,17 @@ func passageScores(ps []Passage) []float64 {
 // promptTexts renders one prompt per sequence and the scores that weight
 // them.
 func (d *Decoder) promptTexts(query string) ([]string, []float64) {
+	system := d.opts.System
+	if d.system != "" {
+		system = d.system
+	}
 	render := func(user string) string {
 		text, err := d.model.ChatPrompt([]engine.Message{
-			{Role: engine.RoleSystem, Content: d.opts.System},
+			{Role: engine.RoleSystem, Content: system},
 			{Role: engine.RoleUser, Content: user},
 		}, true)
 		if err != nil { // models without a template get plain text
-			return d.opts.System + "\n\n" + user + "\n\nAnswer: "
+			return system + "\n\n" + user + "\n\nAnswer: "
 		}
 		return text
 	}

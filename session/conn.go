@@ -10,6 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/wire"
 )
@@ -66,6 +69,22 @@ func (p *PipeEnd) Recv() (*dragonv1.PeerMessage, error) {
 
 // Close ends the pipe for both ends.
 func (p *PipeEnd) Close() { p.close() }
+
+// NewHello is the Hello of side, with its decoding fit when it has one.
+func NewHello(info engine.ModelInfo, side aggregator.Side, fit profiler.DecodeFit) *dragonv1.Hello {
+	h := wire.NewHello(info, toSide(side))
+	if fit.Valid() {
+		h.DecodeFit = &dragonv1.DecodeFit{KA: fit.Ka, KB: fit.Kb, KC: fit.Kc}
+	}
+	return h
+}
+
+// FitFromHello is the decoding fit a peer sent at handshake (invalid when
+// it sent none).
+func FitFromHello(h *dragonv1.Hello) profiler.DecodeFit {
+	f := h.GetDecodeFit()
+	return profiler.DecodeFit{Ka: f.GetKA(), Kb: f.GetKB(), Kc: f.GetKC()}
+}
 
 // Handshake exchanges Hellos: ours goes first, then the peer's is checked
 // (protocol version, model fingerprint, sides). An incompatible peer is

@@ -214,3 +214,7 @@ func Windows(dir string, n, words int) (texts, sources []string, err error) {
 	}
 	return texts, sources, nil
 }
+
+// DemoQuestion needs both sides: a mail in the device's mailbox and a
+// State of the Union address in the cloud's corpus answer it together.
+const DemoQuestion = "What did my mail say about California electricity prices, and what did the president propose on energy?"

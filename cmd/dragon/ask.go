@@ -53,13 +53,38 @@ func newAskCmd() *cobra.Command {
 		noSpec, quiet                                    bool
 		treeBudget                                       int
 		sp                                               sampling.Params
+		remote                                           remoteAsk
 	)
 	cmd := &cobra.Command{
-		Use:   "ask --index DIR --question TEXT",
-		Short: "Answer from one side alone: retrieve passages, decode one sequence per passage, mix",
+		Use:   "ask [--device ADDR] [--question] TEXT",
+		Short: "Ask a question: through a device daemon (--device), or with one side alone (--index)",
+		Long: `With --device ADDR, asks the device daemon at ADDR, which answers with the
+cloud as the mode says (dragon by default), streams the answer and ends
+with a summary (TTFT, tokens/s, mode, acceptance per side, aggregator
+switches, bytes each way; --json prints it as one JSON object).
+
+Without --device, answers in this process from one side alone: retrieve
+from --index, decode one sequence per passage, mix.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if question != "" {
+					return errors.New("give the question once: as an argument or with --question")
+				}
+				question = args[0]
+			}
 			if question == "" {
-				return errors.New("--question is empty")
+				return errors.New("no question: dragon ask \"...\"")
+			}
+			if remote.device != "" {
+				remote.sampling, remote.maxTokens, remote.k = sp, maxTokens, k
+				if !cmd.Flags().Changed("k") {
+					remote.k = 0
+				}
+				if !cmd.Flags().Changed("max-tokens") {
+					remote.maxTokens = 0
+				}
+				return remote.ask(cmd, question)
 			}
 			mode, err := retrieval.ParseMode(modeName)
 			if err != nil {
@@ -125,12 +150,13 @@ func newAskCmd() *cobra.Command {
 	f.StringVar(&question, "question", "", "the question")
 	f.StringVar(&modeName, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
 	f.StringVar(&aggName, "aggregation", "output", "output (a sequence per passage) or context (one concatenated prompt)")
-	f.IntVarP(&k, "k", "k", 4, "passages to retrieve")
+	f.IntVarP(&k, "k", "k", 4, "passages to retrieve (with --device: on the device; default the daemon's)")
 	f.IntVar(&threads, "threads", 2, "compute threads")
-	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate")
+	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate (with --device: default the daemon's)")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
 	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees disable flash attention)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
 	addSamplingFlags(f, &sp)
+	remote.register(cmd)
 	return cmd
 }

@@ -41,3 +41,13 @@ func CorpusDir(t testing.TB) string {
 	}
 	return p
 }
+
+// IndexDir is data/index/<side> of the repository (`make index`).
+func IndexDir(t testing.TB, side string) string {
+	t.Helper()
+	p := filepath.Join(root(), "data", "index", side)
+	if _, err := os.Stat(filepath.Join(p, "manifest.json")); err != nil {
+		t.Fatalf("index %s not found: run `make index` (%v)", p, err)
+	}
+	return p
+}

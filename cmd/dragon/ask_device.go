@@ -1,0 +1,206 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
+)
+
+// remoteAsk is `dragon ask --device ADDR`: a client of the device daemon.
+type remoteAsk struct {
+	device, mode, strategy, first, trace, system string
+	cloudPassages, switchEvery                   int
+	codecTopP                                    float64
+	asJSON                                       bool
+	stop                                         []string
+	grpc                                         wire.Config
+	// From the shared ask flags.
+	sampling     sampling.Params
+	maxTokens, k int
+}
+
+func (r *remoteAsk) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&r.device, "device", "", "ask the device daemon at this address (e.g. "+defaultDeviceAddr+")")
+	f.StringVar(&r.mode, "mode", "", "with --device: dragon, tw, sw, device-only, cloud-only or context (default the daemon's)")
+	f.IntVar(&r.cloudPassages, "cloud-passages", 0, "with --device: passages the cloud retrieves (default the daemon's)")
+	f.StringVar(&r.strategy, "strategy", "greedy", "with --device: aggregator placement: greedy, device, cloud or random")
+	f.StringVar(&r.first, "first", "device", "with --device: the side that aggregates first")
+	f.IntVar(&r.switchEvery, "switch-every", 0, "with --device: move the aggregator every N steps whatever the strategy says")
+	f.Float64Var(&r.codecTopP, "codec-top-p", 0, "with --device: probability mass the distribution codec keeps (default 0.8)")
+	f.StringVar(&r.system, "system", "", "with --device: system message")
+	f.StringArrayVar(&r.stop, "stop", nil, "with --device: stop string (repeatable)")
+	f.StringVar(&r.trace, "trace", "", "with --device: write the decoding/acceptance trace here (for dragon bench sched --trace)")
+	f.BoolVar(&r.asJSON, "json", false, "with --device: print the answer's summary as one JSON object on stdout (the answer streams to stderr)")
+	r.grpc.RegisterFlags(f, "device-")
+}
+
+// askSummary is what --json prints.
+type askSummary struct {
+	Text             string  `json:"text"`
+	Mode             string  `json:"mode"`
+	Finish           string  `json:"finish"`
+	Tokens           uint32  `json:"tokens"`
+	TTFTMS           float64 `json:"ttft_ms"`
+	TokenMS          float64 `json:"per_token_ms"`
+	TokenP50MS       float64 `json:"per_token_p50_ms"`
+	TokenP95MS       float64 `json:"per_token_p95_ms"`
+	TotalMS          float64 `json:"total_ms"`
+	TokensPerSecond  float64 `json:"tokens_per_second"`
+	AcceptanceDevice float64 `json:"acceptance_device"`
+	AcceptanceCloud  float64 `json:"acceptance_cloud"`
+	Switches         uint32  `json:"switches"`
+	StaleDrafts      uint64  `json:"stale_drafts"`
+	BytesSent        uint64  `json:"bytes_sent"`
+	BytesReceived    uint64  `json:"bytes_received"`
+	StepsDevice      uint64  `json:"steps_aggregated_device"`
+	StepsCloud       uint64  `json:"steps_aggregated_cloud"`
+	PassagesDevice   uint32  `json:"passages_device"`
+	PassagesCloud    uint32  `json:"passages_cloud"`
+}
+
+func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) {
+	req := &dragonv1.GenerateRequest{
+		Prompt: question, System: r.system, PassagesDevice: uint32(max(r.k, 0)), PassagesCloud: uint32(max(r.cloudPassages, 0)),
+		CodecTopP: float32(r.codecTopP), SwitchEvery: uint32(max(r.switchEvery, 0)), RecordTrace: r.trace != "",
+		Sampling: &dragonv1.SamplingParams{
+			Temperature: float32(r.sampling.Temperature), TopK: uint32(max(r.sampling.TopK, 0)), TopP: float32(r.sampling.TopP),
+			MinP: float32(r.sampling.MinP), RepetitionPenalty: float32(r.sampling.RepeatPenalty), Seed: r.sampling.Seed,
+			MaxTokens: uint32(max(r.maxTokens, 0)), Stop: r.stop,
+		},
+	}
+	if r.mode != "" {
+		m, err := parseModeName(r.mode)
+		if err != nil {
+			return nil, fmt.Errorf("--mode: %w", err)
+		}
+		req.Mode = m
+	}
+	st, err := aggregator.ParseStrategy(r.strategy)
+	if err != nil {
+		return nil, fmt.Errorf("--strategy: %w", err)
+	}
+	req.Strategy = session.StrategyToProto(st)
+	first, err := aggregator.ParseSide(r.first)
+	if err != nil {
+		return nil, fmt.Errorf("--first: %w", err)
+	}
+	req.Aggregator = session.ToSide(first)
+	return req, nil
+}
+
+func (r *remoteAsk) ask(cmd *cobra.Command, question string) error {
+	req, err := r.request(question)
+	if err != nil {
+		return err
+	}
+	autoInsecure(&r.grpc, r.device)
+	opts, err := r.grpc.DialOptions()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(r.device, opts...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	stream, err := dragonv1.NewDeviceServiceClient(conn).Generate(cmd.Context(), req)
+	if err != nil {
+		return fmt.Errorf("device %s: %w", r.device, err)
+	}
+	answer := io.Writer(cmd.OutOrStdout())
+	if r.asJSON {
+		answer = cmd.ErrOrStderr()
+	}
+	var sum *dragonv1.GenerateSummary
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			st := status.Convert(err)
+			return fmt.Errorf("device %s: %s: %s", r.device, st.Code(), st.Message())
+		}
+		if c := m.GetChunk(); c != nil {
+			fmt.Fprint(answer, c.GetText())
+		}
+		if s := m.GetSummary(); s != nil {
+			sum = s
+		}
+	}
+	fmt.Fprintln(answer)
+	if sum == nil {
+		return errors.New("the device ended the answer without a summary")
+	}
+	if r.trace != "" {
+		if err := writeTrace(r.trace, sum.GetTrace()); err != nil {
+			return err
+		}
+	}
+	out := summaryJSON(sum)
+	if r.asJSON {
+		return writeJSON(cmd.OutOrStdout(), out)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "[%s: %d tokens (%s), ttft %.0f ms, %.1f ms/token (%.1f tok/s); acceptance device %.2f cloud %.2f; %d aggregator switches (steps decided: device %d, cloud %d); %d stale drafts; %d bytes sent, %d received]\n",
+		out.Mode, out.Tokens, out.Finish, out.TTFTMS, out.TokenMS, out.TokensPerSecond, out.AcceptanceDevice, out.AcceptanceCloud,
+		out.Switches, out.StepsDevice, out.StepsCloud, out.StaleDrafts, out.BytesSent, out.BytesReceived)
+	return nil
+}
+
+func summaryJSON(s *dragonv1.GenerateSummary) askSummary {
+	ms := func(d interface{ AsDuration() time.Duration }) float64 { return float64(d.AsDuration()) / 1e6 }
+	return askSummary{
+		Text: s.GetText(), Mode: modeName(s.GetMode()), Finish: finishName(s.GetFinishReason()), Tokens: s.GetTokens(),
+		TTFTMS: ms(s.GetTtft()), TokenMS: ms(s.GetTokenLatencyMean()), TokenP50MS: ms(s.GetTokenLatencyP50()),
+		TokenP95MS: ms(s.GetTokenLatencyP95()), TotalMS: ms(s.GetTotal()), TokensPerSecond: s.GetTokensPerSecond(),
+		AcceptanceDevice: s.GetAcceptanceRateDevice(), AcceptanceCloud: s.GetAcceptanceRateCloud(),
+		Switches: s.GetAggregatorSwitches(), StaleDrafts: s.GetStaleDrafts(), BytesSent: s.GetBytesSent(), BytesReceived: s.GetBytesReceived(),
+		StepsDevice: s.GetStepsAggregatedDevice(), StepsCloud: s.GetStepsAggregatedCloud(),
+		PassagesDevice: s.GetPassagesDevice(), PassagesCloud: s.GetPassagesCloud(),
+	}
+}
+
+func finishName(f dragonv1.FinishReason) string {
+	switch f {
+	case dragonv1.FinishReason_FINISH_REASON_STOP:
+		return "stop"
+	case dragonv1.FinishReason_FINISH_REASON_LENGTH:
+		return "length"
+	case dragonv1.FinishReason_FINISH_REASON_CONTEXT_FULL:
+		return "context_full"
+	case dragonv1.FinishReason_FINISH_REASON_CANCELLED:
+		return "cancelled"
+	}
+	return "unknown"
+}
+
+// writeTrace saves a summary's trace in the format dragon bench sched
+// reads.
+func writeTrace(path string, t *dragonv1.Trace) error {
+	if t == nil {
+		return errors.New("the device sent no trace")
+	}
+	out := map[string]map[string]any{
+		"decode_ms": {"device": t.GetDecodeMsDevice(), "cloud": t.GetDecodeMsCloud()},
+		"accept":    {"device": t.GetAcceptDevice(), "cloud": t.GetAcceptCloud()},
+	}
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

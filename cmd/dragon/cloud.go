@@ -1,0 +1,47 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/dragon-rag/dragon/cloud"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+)
+
+func init() { commands = append(commands, newCloudCmd) }
+
+func newCloudCmd() *cobra.Command {
+	var f sideFlags
+	cmd := &cobra.Command{
+		Use:   "cloud",
+		Short: "Run the cloud daemon: the public corpus and the model, serving devices' peer streams",
+		Long: `Serves dragon.v1.PeerService (and grpc.health.v1) on --listen: each device
+generation opens a stream, the cloud retrieves its own passages for the
+query and decodes them, and the two sides combine their distributions as
+the device asked (dragon, tw, sw, cloud-only, context). With no flags it
+serves the model and index that make run builds, on 127.0.0.1:7070, without
+TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log := daemonLog(cmd, "cloud")
+			s, err := f.load(log)
+			if err != nil {
+				return err
+			}
+			defer s.close()
+			srv, err := cloud.New(cloud.Config{
+				Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log,
+				Defaults: session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages},
+			})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			return serve(cmd.Context(), log, f.listen, f.grpc, func(g *grpc.Server) {
+				dragonv1.RegisterPeerServiceServer(g, srv)
+			})
+		},
+	}
+	f.register(cmd, defaultCloudAddr, "data/index/cloud", "data/profile-cloud.json")
+	return cmd
+}

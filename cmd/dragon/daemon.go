@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/profiler"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/specdec"
+	"github.com/dragon-rag/dragon/wire"
+)
+
+// Default addresses of the two daemons.
+const (
+	defaultCloudAddr  = "127.0.0.1:7070"
+	defaultDeviceAddr = "127.0.0.1:7071"
+)
+
+// modeNames are the generation modes as the command line spells them.
+var modeNames = []struct {
+	name string
+	mode dragonv1.Mode
+}{
+	{"dragon", dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
+	{"tw", dragonv1.Mode_MODE_TOKEN_WISE_SYNC},
+	{"sw", dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC},
+	{"device-only", dragonv1.Mode_MODE_DEVICE_ONLY},
+	{"cloud-only", dragonv1.Mode_MODE_CLOUD_ONLY},
+	{"context", dragonv1.Mode_MODE_CONTEXT},
+	{"kv", dragonv1.Mode_MODE_KV},
+}
+
+func parseModeName(s string) (dragonv1.Mode, error) {
+	var names []string
+	for _, m := range modeNames {
+		if m.name == s {
+			return m.mode, nil
+		}
+		names = append(names, m.name)
+	}
+	return 0, fmt.Errorf("unknown mode %q (want %s)", s, strings.Join(names, ", "))
+}
+
+func modeName(m dragonv1.Mode) string {
+	for _, n := range modeNames {
+		if n.mode == m {
+			return n.name
+		}
+	}
+	return m.String()
+}
+
+// sideFlags are what both daemons load: the model, the corpus, the
+// decoder, the limits and the decoding fit.
+type sideFlags struct {
+	model, index, retrieval, profile string
+	threads, passages, maxPassages   int
+	ctxPerSeq, maxTokens, limitToks  int
+	maxPrompt                        int
+	noSpec                           bool
+	listen                           string
+	grpc                             wire.Config
+}
+
+func (f *sideFlags) register(cmd *cobra.Command, listen, index, profile string) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.listen, "listen", listen, "gRPC address to serve on")
+	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
+	fs.StringVar(&f.index, "index", index, "index folder of this side's corpus (make index; empty: no retrieval)")
+	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
+	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
+	fs.IntVar(&f.threads, "threads", 1, "compute threads")
+	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
+	fs.IntVar(&f.maxPassages, "max-passages", 8, "most passages a request may ask for")
+	fs.IntVar(&f.ctxPerSeq, "ctx", 1024, "KV positions per passage sequence")
+	fs.IntVar(&f.maxTokens, "max-tokens", 128, "tokens per answer when a request does not say")
+	fs.IntVar(&f.limitToks, "max-tokens-limit", 512, "most tokens a request may ask for")
+	fs.IntVar(&f.maxPrompt, "max-prompt-bytes", 16<<10, "longest prompt a request may send")
+	fs.BoolVar(&f.noSpec, "no-spec", false, "turn local speculative decoding off")
+	f.grpc.RegisterFlags(fs, "")
+}
+
+func (f *sideFlags) validate() error {
+	switch {
+	case f.threads < 1:
+		return fmt.Errorf("--threads %d: need at least 1", f.threads)
+	case f.passages < 0 || f.maxPassages < 1 || f.passages > f.maxPassages:
+		return fmt.Errorf("--passages %d and --max-passages %d: need 0 ≤ passages ≤ max-passages, max-passages ≥ 1", f.passages, f.maxPassages)
+	case f.ctxPerSeq < 64:
+		return fmt.Errorf("--ctx %d: need at least 64", f.ctxPerSeq)
+	case f.maxTokens < 1 || f.limitToks < f.maxTokens:
+		return fmt.Errorf("--max-tokens %d and --max-tokens-limit %d: need 1 ≤ max-tokens ≤ limit", f.maxTokens, f.limitToks)
+	case f.maxPrompt < 1:
+		return fmt.Errorf("--max-prompt-bytes %d: need at least 1", f.maxPrompt)
+	}
+	return nil
+}
+
+// side is what a daemon loaded.
+type side struct {
+	model     engine.Model
+	retriever session.Retriever
+	decoder   decoder.Options
+	fit       profiler.DecodeFit
+	limits    session.Limits
+	close     func()
+}
+
+func (f *sideFlags) load(log *slog.Logger) (*side, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	mode, err := retrieval.ParseMode(f.retrieval)
+	if err != nil {
+		return nil, err
+	}
+	m, err := llamacpp.Load(f.model, llamacpp.Options{Threads: f.threads})
+	if err != nil {
+		return nil, fmt.Errorf("%w (make model fetches the default one)", err)
+	}
+	s := &side{model: m, close: func() { m.Close() }}
+	if f.index != "" {
+		ix, closeIx, err := openIndex(f.index, m, f.threads)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("%w (make index builds the default ones; --index '' serves without retrieval)", err)
+		}
+		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
+		s.close = func() { closeIx(); m.Close() }
+	}
+	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads}
+	if !f.noSpec {
+		s.decoder.Spec = specdec.DefaultOptions()
+	}
+	if f.profile != "" {
+		p, err := profiler.Load(f.profile)
+		switch {
+		case err == nil:
+			s.fit = p.Fit
+		case errors.Is(err, os.ErrNotExist):
+			log.Info("no decoding profile; the scheduler learns costs while serving", "profile", f.profile)
+		default:
+			s.close()
+			return nil, err
+		}
+	}
+	s.limits = session.Limits{MaxTokens: f.limitToks, MaxPassages: f.maxPassages, MaxPrompt: f.maxPrompt}
+	return s, nil
+}
+
+// autoInsecure lets a daemon or client on loopback run without TLS when
+// nothing about TLS was configured: traffic that never leaves the machine
+// gains nothing from it, and the demo then needs no flags. Anything else
+// still has to ask for plaintext with --insecure.
+func autoInsecure(c *wire.Config, addr string) {
+	if c.Insecure || c.CertFile != "" || c.CAFile != "" || c.KeyFile != "" {
+		return
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return
+	}
+	if host == "localhost" {
+		c.Insecure = true
+		return
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		c.Insecure = true
+	}
+}
+
+// serve runs a gRPC server on addr with the health service until ctx is
+// done, then stops it gracefully (forcefully after a grace period).
+func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, register func(*grpc.Server)) error {
+	autoInsecure(&cfg, addr)
+	cfg.NoAuthMethods = append(cfg.NoAuthMethods, "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
+	opts, err := cfg.ServerOptions()
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(opts...)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	register(srv)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("serving", "addr", ln.Addr().String(), "tls", !cfg.Insecure)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	hs.Shutdown()
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
+	return nil
+}
+
+// daemonLog is the daemons' logger: info level unless --verbose.
+func daemonLog(cmd *cobra.Command, name string) *slog.Logger {
+	level := slog.LevelInfo
+	if v, _ := cmd.Flags().GetBool("verbose"); v {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("daemon", name)
+}

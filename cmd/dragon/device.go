@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+
+	"github.com/dragon-rag/dragon/device"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
+)
+
+func init() { commands = append(commands, newDeviceCmd) }
+
+func newDeviceCmd() *cobra.Command {
+	var (
+		f             sideFlags
+		cloudAddr     string
+		cloudPassages int
+		mode          string
+		peer          wire.Config
+	)
+	cmd := &cobra.Command{
+		Use:   "device",
+		Short: "Run the device daemon: the private corpus and the model, serving local apps, with the cloud as peer",
+		Long: `Serves dragon.v1.DeviceService (and grpc.health.v1) on --listen for local
+apps (dragon ask --device ADDR). Each generation retrieves from this
+device's corpus and opens a peer stream to the cloud at --cloud (empty:
+device-only). With no flags it serves the model and index that make run
+builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
+(loopback only).`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log := daemonLog(cmd, "device")
+			def, err := parseModeName(mode)
+			if err != nil {
+				return fmt.Errorf("--mode: %w", err)
+			}
+			if cloudPassages < 0 || cloudPassages > f.maxPassages {
+				return fmt.Errorf("--cloud-passages %d: need 0 ≤ cloud-passages ≤ max-passages %d", cloudPassages, f.maxPassages)
+			}
+			s, err := f.load(log)
+			if err != nil {
+				return err
+			}
+			defer s.close()
+			cfg := device.Config{
+				Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log,
+				Defaults: session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def},
+			}
+			if cloudAddr != "" {
+				autoInsecure(&peer, cloudAddr)
+				opts, err := peer.DialOptions()
+				if err != nil {
+					return fmt.Errorf("cloud connection: %w", err)
+				}
+				conn, err := grpc.NewClient(cloudAddr, opts...)
+				if err != nil {
+					return fmt.Errorf("cloud connection: %w", err)
+				}
+				defer conn.Close()
+				cfg.Peer = dragonv1.NewPeerServiceClient(conn)
+			} else if def != dragonv1.Mode_MODE_DEVICE_ONLY {
+				cfg.Defaults.Mode = dragonv1.Mode_MODE_DEVICE_ONLY
+			}
+			srv, err := device.New(cfg)
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			return serve(cmd.Context(), log, f.listen, f.grpc, func(g *grpc.Server) {
+				dragonv1.RegisterDeviceServiceServer(g, srv)
+			})
+		},
+	}
+	f.register(cmd, defaultDeviceAddr, "data/index/device", "data/profile-device.json")
+	fs := cmd.Flags()
+	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
+	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")
+	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only or context")
+	peer.RegisterFlags(fs, "cloud-")
+	return cmd
+}

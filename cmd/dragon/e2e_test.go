@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/internal/testmodel"
+	"github.com/dragon-rag/dragon/netsim"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+// The test binary doubles as the dragon binary: with DRAGON_CHILD_ARGS set
+// it runs the command line they hold, so the end-to-end tests start real
+// daemon processes without a separate build.
+func TestMain(m *testing.M) {
+	if args := os.Getenv("DRAGON_CHILD_ARGS"); args != "" {
+		os.Args = append([]string{"dragon"}, strings.Split(args, "\n")...)
+		if err := run(); err != nil {
+			fmt.Fprintln(os.Stderr, "dragon:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// daemon is a dragon daemon running as a child process.
+type daemon struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+	mu   sync.Mutex
+	log  strings.Builder
+}
+
+var servingAddr = regexp.MustCompile(`msg=serving .*addr=(\S+)`)
+
+// startDaemon runs `dragon args...` and waits until it serves.
+func startDaemon(t *testing.T, name string, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{name: name, cmd: exec.Command(os.Args[0])}
+	d.cmd.Env = append(os.Environ(), "DRAGON_CHILD_ARGS="+strings.Join(args, "\n"))
+	stderr, err := d.cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, d.cmd.Start())
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			d.mu.Lock()
+			d.log.WriteString(line + "\n")
+			d.mu.Unlock()
+			if m := servingAddr.FindStringSubmatch(line); m != nil {
+				addr <- m[1]
+			}
+		}
+		close(addr)
+	}()
+	t.Cleanup(func() { d.stop(t) })
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			t.Fatalf("%s exited before serving:\n%s", name, d.logs())
+		}
+		d.addr = a
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("%s did not start:\n%s", name, d.logs())
+	}
+	return d
+}
+
+func (d *daemon) logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.log.String()
+}
+
+// stop asks the daemon to shut down gracefully and checks it did.
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		assert.NoError(t, err, "%s exits cleanly on SIGTERM:\n%s", d.name, d.logs())
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-done
+		t.Errorf("%s did not stop on SIGTERM:\n%s", d.name, d.logs())
+	}
+}
+
+// pair starts a cloud and a device on loopback, one thread each; with
+// latency > 0 the device reaches the cloud through a netsim proxy.
+func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *daemon, *daemon) {
+	model := testmodel.Path(t)
+	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
+	cloudAddr := cld.addr
+	if latency > 0 {
+		link, err := netsim.NewLink(netsim.Shape{Latency: latency, Jitter: latency / 5}, 1)
+		require.NoError(t, err)
+		p, err := netsim.NewProxy("127.0.0.1:0", cld.addr, link, nil)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.Serve(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			require.NoError(t, <-done)
+		})
+		cloudAddr = p.Addr()
+	}
+	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "")
+	conn, err := grpc.NewClient(dev.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return dragonv1.NewDeviceServiceClient(conn), dev, cld
+}
+
+// answer is one streamed generation.
+type answer struct {
+	tokens  []int32
+	text    string
+	summary *dragonv1.GenerateSummary
+}
+
+func ask(t *testing.T, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateRequest) (answer, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	stream, err := c.Generate(ctx, req)
+	if err != nil {
+		return answer{}, err
+	}
+	var a answer
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return a, nil
+		}
+		if err != nil {
+			return a, err
+		}
+		if ch := m.GetChunk(); ch != nil {
+			require.Equal(t, uint64(len(a.tokens)), ch.GetStep(), "chunks in order")
+			a.tokens = append(a.tokens, ch.GetTokens()...)
+			a.text += ch.GetText()
+		}
+		if s := m.GetSummary(); s != nil {
+			a.summary = s
+		}
+	}
+}
+
+// TestTwoDaemonsAnswer: a cloud and a device process answer a question
+// that needs both corpora, over real gRPC on loopback.
+func TestTwoDaemonsAnswer(t *testing.T) {
+	client, dev, cld := pair(t, 0)
+	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 32}})
+	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+	s := a.summary
+	require.NotNil(t, s)
+	t.Logf("%q\n%v", a.text, s)
+	assert.NotEmpty(t, strings.TrimSpace(a.text))
+	assert.Equal(t, s.GetText(), a.text)
+	assert.Equal(t, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, s.GetMode())
+	assert.Equal(t, uint32(len(a.tokens)), s.GetTokens())
+	assert.Equal(t, uint32(2), s.GetPassagesDevice())
+	assert.Equal(t, uint32(2), s.GetPassagesCloud())
+	assert.Positive(t, s.GetBytesSent())
+	assert.Positive(t, s.GetBytesReceived())
+	assert.Positive(t, s.GetAcceptanceRateDevice())
+	assert.Positive(t, s.GetAcceptanceRateCloud())
+	assert.Positive(t, s.GetTtft().AsDuration())
+	decided := s.GetStepsAggregatedDevice() + s.GetStepsAggregatedCloud()
+	assert.GreaterOrEqual(t, decided, uint64(len(a.tokens)), "every token was decided by an aggregator")
+
+	// Bad input is refused with the right status, and the daemon serves on.
+	for name, req := range map[string]*dragonv1.GenerateRequest{
+		"empty prompt": {Prompt: ""},
+		"unknown mode": {Prompt: "hi", Mode: 99},
+		"bad sampling": {Prompt: "hi", Sampling: &dragonv1.SamplingParams{TopP: 3}},
+		"too long":     {Prompt: "hi", Sampling: &dragonv1.SamplingParams{MaxTokens: 100000}},
+		"codec top-p":  {Prompt: "hi", CodecTopP: 1.5},
+	} {
+		_, err := ask(t, client, req)
+		assert.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+	}
+	a, err = ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	require.NoError(t, err)
+	assert.NotEmpty(t, a.tokens, "still serving")
+}
+
+// TestRealGreedyDragonEqualsTokenWise: on the real model, over a link of
+// 15 ms each way with jitter, greedy DRAGON with the aggregator forced to
+// switch sides every 3 steps emits exactly the tokens greedy token-wise
+// synchronisation does, for 10 questions.
+func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
+	client, dev, cld := pair(t, 15*time.Millisecond)
+	var switches uint32
+	var stale uint64
+	for i, q := range promptset.Questions[:10] {
+		req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
+			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 24}}
+		}
+		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+		require.NotEmpty(t, tw.tokens, "question %d", i)
+		assert.Equal(t, tw.tokens, dr.tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.text, dr.text)
+		switches += dr.summary.GetAggregatorSwitches()
+		stale += dr.summary.GetStaleDrafts()
+		t.Logf("%d: %d tokens, %d switches, %d stale drafts, acceptance %.2f/%.2f: %q", i, len(dr.tokens),
+			dr.summary.GetAggregatorSwitches(), dr.summary.GetStaleDrafts(), dr.summary.GetAcceptanceRateDevice(), dr.summary.GetAcceptanceRateCloud(), dr.text)
+	}
+	assert.Greater(t, switches, uint32(10), "the aggregator moved")
+}

@@ -1,0 +1,382 @@
+// Package device is the device daemon's service for local apps
+// (dragon.v1.DeviceService): it retrieves from the user's private corpus,
+// opens a peer stream to the cloud for each generation, runs this side of
+// the session and streams the answer to the app with a summary.
+package device
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/profiler"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
+)
+
+// Config configures the device side.
+type Config struct {
+	Model   engine.Model
+	Decoder decoder.Options
+	// Retriever searches the user's corpus; nil: no passages.
+	Retriever session.Retriever
+	// Peer reaches the cloud; nil: only device-only generations.
+	Peer     dragonv1.PeerServiceClient
+	Limits   session.Limits
+	Defaults session.Defaults
+	// Fit is this side's decoding-latency fit, sent at handshake.
+	Fit profiler.DecodeFit
+	Log *slog.Logger
+}
+
+// Server serves dragon.v1.DeviceService.
+type Server struct {
+	dragonv1.UnimplementedDeviceServiceServer
+	cfg   Config
+	hello *dragonv1.Hello
+	dec   *decoder.Decoder
+	busy  chan struct{}
+	start time.Time
+	ids   atomic.Uint64
+
+	mu    sync.Mutex
+	stats dragonv1.StatsResponse
+}
+
+// New loads the decoder the server generates with.
+func New(cfg Config) (*Server, error) {
+	if cfg.Model == nil {
+		return nil, errors.New("device: no model")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	dec, err := decoder.New(cfg.Model, cfg.Decoder)
+	if err != nil {
+		return nil, err
+	}
+	hello := session.NewHello(cfg.Model.Info(), aggregator.Device, cfg.Fit)
+	s := &Server{cfg: cfg, hello: hello, dec: dec, busy: make(chan struct{}, 1), start: time.Now()}
+	s.ids.Store(rand.Uint64())
+	return s, nil
+}
+
+// Close frees the decoder.
+func (s *Server) Close() error { return s.dec.Close() }
+
+// Generate implements dragon.v1.DeviceService.
+func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceService_GenerateServer) error {
+	start := time.Now()
+	req, err := session.ParseGenerate(g, s.cfg.Limits, s.cfg.Defaults)
+	if err != nil {
+		return err
+	}
+	if req.Mode != dragonv1.Mode_MODE_DEVICE_ONLY && s.cfg.Peer == nil {
+		return status.Errorf(codes.FailedPrecondition, "mode %v needs the cloud, and this device has none configured (--cloud)", req.Mode)
+	}
+	select {
+	case s.busy <- struct{}{}:
+		defer func() { <-s.busy }()
+	default:
+		return wire.ResourceExhausted("device generations", 1, 1, 0)
+	}
+	ctx := stream.Context()
+	id := s.ids.Add(1)
+	log := s.cfg.Log.With("session", id, "mode", req.Mode.String())
+	out := newChunker(s.cfg.Model, req.Stop, stream)
+	opts := req.Options(aggregator.Device, id)
+	opts.Log, opts.Record = log, g.GetRecordTrace()
+	s.dec.SetSystem(req.System)
+	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
+	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
+
+	sum, err := s.generate(ctx, req, opts, out.emit)
+	if err != nil {
+		log.Warn("generation failed", "err", err)
+		return toStatus(ctx, err)
+	}
+	if err := out.flush(); err != nil {
+		return err
+	}
+	summary := s.summarize(req, sum, out.text.String(), start)
+	s.track(func(st *dragonv1.StatsResponse) {
+		st.Tokens += uint64(len(sum.Tokens))
+		st.AggregatorSwitches += sum.Switches
+		st.StaleDrafts += sum.Stale[0] + sum.Stale[1]
+		st.BytesSent += sum.BytesSent
+		st.BytesReceived += sum.BytesReceived
+		st.AcceptanceRateDevice, st.AcceptanceRateCloud = summary.GetAcceptanceRateDevice(), summary.GetAcceptanceRateCloud()
+		st.Rtt = durationpb.New(sum.RTT)
+	})
+	return stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Summary{Summary: summary}})
+}
+
+func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
+	retrieve := func() ([]decoder.Passage, error) {
+		if s.cfg.Retriever == nil {
+			return nil, nil
+		}
+		ps, err := s.cfg.Retriever.Retrieve(ctx, req.Query, req.PassagesDevice)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "device retrieval: %v", err)
+		}
+		return ps, nil
+	}
+	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
+		passages, err := retrieve()
+		if err != nil {
+			return session.Summary{}, err
+		}
+		sum, err := session.Local(ctx, opts, s.dec, req.Query, passages, false, emit)
+		sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
+		return sum, err
+	}
+	// Open the peer stream first: the cloud retrieves and prefills while
+	// this side does.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	conn, err := s.cfg.Peer.Session(ctx)
+	if err != nil {
+		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
+	}
+	defer func() { _ = conn.CloseSend() }()
+	peer, err := session.Handshake(ctx, conn, s.hello)
+	if err != nil {
+		return session.Summary{}, err
+	}
+	opts.Fits = [2]profiler.DecodeFit{s.cfg.Fit, session.FitFromHello(peer)}
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: req.Begin(opts.SessionID)}}); err != nil {
+		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
+	}
+	var passages []decoder.Passage
+	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
+		if passages, err = retrieve(); err != nil {
+			return session.Summary{}, err
+		}
+	}
+	switch req.Mode {
+	case dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, dragonv1.Mode_MODE_TOKEN_WISE_SYNC:
+		return session.Run(ctx, opts, s.dec, req.Query, passages, conn, emit)
+	case dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC:
+		return session.SequenceWise(ctx, opts, s.dec, req.Query, passages, conn, emit)
+	case dragonv1.Mode_MODE_CLOUD_ONLY:
+		sum, err := session.ReceiveSolo(ctx, opts, conn, emit)
+		sum.Aggregated[aggregator.Cloud.Index()] = uint64(len(sum.Tokens))
+		return sum, err
+	case dragonv1.Mode_MODE_CONTEXT:
+		cloudPassages, n, err := session.FetchPassages(ctx, conn)
+		if err != nil {
+			return session.Summary{}, err
+		}
+		all := append(passages, cloudPassages...)
+		sum, err := session.Local(ctx, opts, s.dec, req.Query, all, true, emit)
+		sum.BytesReceived += n
+		sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
+		_ = conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}})
+		return sum, err
+	}
+	return session.Summary{}, status.Errorf(codes.Unimplemented, "mode %v is not implemented", req.Mode)
+}
+
+func (s *Server) track(f func(*dragonv1.StatsResponse)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.stats)
+}
+
+// Health implements dragon.v1.DeviceService.
+func (s *Server) Health(ctx context.Context, _ *dragonv1.HealthRequest) (*dragonv1.HealthResponse, error) {
+	info := s.cfg.Model.Info()
+	return &dragonv1.HealthResponse{
+		Serving: true, CloudConnected: s.cfg.Peer != nil, ModelName: info.Name, ModelFingerprint: info.Fingerprint,
+		ProtocolVersion: wire.ProtocolVersion,
+	}, nil
+}
+
+// Stats implements dragon.v1.DeviceService.
+func (s *Server) Stats(context.Context, *dragonv1.StatsRequest) (*dragonv1.StatsResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := &dragonv1.StatsResponse{
+		Uptime: durationpb.New(time.Since(s.start)), Generations: s.stats.Generations, GenerationsActive: s.stats.GenerationsActive,
+		Tokens: s.stats.Tokens, AcceptanceRateDevice: s.stats.AcceptanceRateDevice, AcceptanceRateCloud: s.stats.AcceptanceRateCloud,
+		AggregatorSwitches: s.stats.AggregatorSwitches, StaleDrafts: s.stats.StaleDrafts, BytesSent: s.stats.BytesSent,
+		BytesReceived: s.stats.BytesReceived, Rtt: s.stats.Rtt,
+	}
+	if s.cfg.Fit.Valid() {
+		st.DecodeTimeDevice = durationpb.New(time.Duration(s.cfg.Fit.At(256) * float64(time.Millisecond)))
+	}
+	return st, nil
+}
+
+// summarize builds the summary the app gets last.
+func (s *Server) summarize(req session.Request, sum session.Summary, text string, start time.Time) *dragonv1.GenerateSummary {
+	out := &dragonv1.GenerateSummary{
+		FinishReason: finishReason(sum.Finish), Text: text, Tokens: uint32(len(sum.Tokens)), Mode: req.Mode,
+		Total:              durationpb.New(time.Since(start)),
+		AggregatorSwitches: uint32(sum.Switches), StaleDrafts: sum.Stale[0] + sum.Stale[1],
+		BytesSent: sum.BytesSent, BytesReceived: sum.BytesReceived,
+		StepsAggregatedDevice: sum.Aggregated[0], StepsAggregatedCloud: sum.Aggregated[1],
+		ForwardPassesDevice: uint64(sum.ForwardPasses), LocalDraftTokensAcceptedDevice: sum.LocalAccepted,
+		PassagesDevice: uint32(req.PassagesDevice), PassagesCloud: uint32(req.PassagesCloud),
+	}
+	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
+		out.PassagesCloud = 0
+	}
+	if req.Mode == dragonv1.Mode_MODE_CLOUD_ONLY {
+		out.PassagesDevice = 0
+	}
+	rate := func(i int) float64 {
+		if n := sum.Accepted[i] + sum.Rejected[i]; n > 0 {
+			return float64(sum.Accepted[i]) / float64(n)
+		}
+		return 0
+	}
+	out.AcceptanceRateDevice, out.AcceptanceRateCloud = rate(0), rate(1)
+	if len(sum.TokenTimes) > 0 {
+		out.Ttft = durationpb.New(sum.TokenTimes[0].Sub(start))
+		var gaps []time.Duration
+		for i := 1; i < len(sum.TokenTimes); i++ {
+			gaps = append(gaps, sum.TokenTimes[i].Sub(sum.TokenTimes[i-1]))
+		}
+		if len(gaps) > 0 {
+			span := sum.TokenTimes[len(sum.TokenTimes)-1].Sub(sum.TokenTimes[0])
+			out.TokenLatencyMean = durationpb.New(span / time.Duration(len(gaps)))
+			slices.Sort(gaps)
+			out.TokenLatencyP50 = durationpb.New(gaps[len(gaps)/2])
+			out.TokenLatencyP95 = durationpb.New(gaps[min(len(gaps)-1, len(gaps)*95/100)])
+			out.TokensPerSecond = float64(len(gaps)) / span.Seconds()
+		}
+	}
+	if t := sum.Trace; t != nil {
+		out.Trace = &dragonv1.Trace{DecodeMsDevice: t.DecodeMS[0], DecodeMsCloud: t.DecodeMS[1], AcceptDevice: t.Accept[0], AcceptCloud: t.Accept[1]}
+	}
+	return out
+}
+
+func finishReason(f session.Finish) dragonv1.FinishReason {
+	switch f {
+	case session.FinishEOG, session.FinishStop:
+		return dragonv1.FinishReason_FINISH_REASON_STOP
+	case session.FinishMaxTokens:
+		return dragonv1.FinishReason_FINISH_REASON_LENGTH
+	case session.FinishContext:
+		return dragonv1.FinishReason_FINISH_REASON_CONTEXT_FULL
+	}
+	return dragonv1.FinishReason_FINISH_REASON_CANCELLED
+}
+
+// toStatus maps a generation error to the status the app gets.
+func toStatus(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, aggregator.ErrProtocol):
+		return status.Errorf(codes.Internal, "the cloud broke the protocol: %v", err)
+	case errors.Is(err, engine.ErrContextFull):
+		return status.Errorf(codes.OutOfRange, "%v", err)
+	case errors.Is(err, engine.ErrInvalidInput):
+		return status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	return status.Errorf(codes.Internal, "%v", err)
+}
+
+// chunker streams the answer to the app: each token with the text it
+// completes, stop strings cut (text that may be the start of a stop string
+// is held back until it cannot be).
+type chunker struct {
+	detok  *engine.Detokenizer
+	stop   []string
+	stream dragonv1.DeviceService_GenerateServer
+	text   strings.Builder // the answer so far
+	sent   int             // bytes of text already streamed
+	step   uint64
+	toks   []int32
+}
+
+func newChunker(m engine.Model, stop []string, stream dragonv1.DeviceService_GenerateServer) *chunker {
+	return &chunker{detok: engine.NewDetokenizer(m), stop: stop, stream: stream}
+}
+
+func (c *chunker) emit(step int, tok engine.Token) (bool, error) {
+	if len(c.toks) == 0 {
+		c.step = uint64(step)
+	}
+	c.toks = append(c.toks, tok)
+	c.text.WriteString(c.detok.Add(tok))
+	full := c.text.String()
+	if i := earliest(full, c.stop); i >= 0 {
+		c.text.Reset()
+		c.text.WriteString(full[:i])
+		return true, c.send(i)
+	}
+	return false, c.send(len(full) - heldBack(full, c.stop))
+}
+
+// send streams the text up to end and the tokens since the last chunk.
+func (c *chunker) send(end int) error {
+	if end < c.sent {
+		end = c.sent
+	}
+	chunk := &dragonv1.TokenChunk{Step: c.step, Tokens: c.toks, Text: c.text.String()[c.sent:end]}
+	c.sent = end
+	c.toks = nil
+	return c.stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Chunk{Chunk: chunk}})
+}
+
+// flush streams what was held back.
+func (c *chunker) flush() error {
+	c.text.WriteString(c.detok.Flush())
+	if c.text.Len() == c.sent && len(c.toks) == 0 {
+		return nil
+	}
+	if i := earliest(c.text.String(), c.stop); i >= 0 {
+		full := c.text.String()
+		c.text.Reset()
+		c.text.WriteString(full[:i])
+	}
+	return c.send(c.text.Len())
+}
+
+// earliest is where the first stop string starts in text, or -1.
+func earliest(text string, stops []string) int {
+	at := -1
+	for _, s := range stops {
+		if i := strings.Index(text, s); i >= 0 && (at < 0 || i < at) {
+			at = i
+		}
+	}
+	return at
+}
+
+// heldBack is how many bytes at the end of text could begin a stop string.
+func heldBack(text string, stops []string) int {
+	n := 0
+	for _, s := range stops {
+		for k := min(len(s)-1, len(text)); k > n; k-- {
+			if strings.HasSuffix(text, s[:k]) {
+				n = k
+				break
+			}
+		}
+	}
+	return n
+}

@@ -1,0 +1,269 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/decoder"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/wire"
+)
+
+// Retriever finds a side's passages for a query.
+type Retriever interface {
+	Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error)
+}
+
+// IndexRetriever retrieves from a retrieval.Index.
+type IndexRetriever struct {
+	Index *retrieval.Index
+	Mode  retrieval.Mode
+}
+
+// Retrieve implements Retriever.
+func (r IndexRetriever) Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error) {
+	if k <= 0 || r.Index == nil {
+		return nil, nil
+	}
+	hits, err := r.Index.Search(ctx, query, k, r.Mode)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]decoder.Passage, len(hits))
+	for i, h := range hits {
+		out[i] = decoder.Passage{Text: h.Passage.Text, Score: h.Score, Source: h.Passage.Source}
+	}
+	return out, nil
+}
+
+// Limits bound what a request may ask for.
+type Limits struct {
+	MaxTokens   int // most tokens per answer
+	MaxPassages int // most passages per side
+	MaxPrompt   int // most bytes of prompt
+}
+
+// Request is a generation request as both sides read it from the wire.
+type Request struct {
+	Query     string
+	System    string
+	Sampling  sampling.Params
+	MaxTokens int
+	Stop      []string
+	CodecTopP float64
+	Mode      dragonv1.Mode
+	// Passages each side retrieves.
+	PassagesDevice, PassagesCloud int
+	Strategy                      aggregator.Strategy
+	Aggregator                    aggregator.Side
+	SwitchEvery                   int
+}
+
+// Defaults fill a request's unset fields.
+type Defaults struct {
+	MaxTokens                     int
+	PassagesDevice, PassagesCloud int
+	Mode                          dragonv1.Mode
+}
+
+// ParseSampling reads and checks sampling parameters; field names the
+// request field for errors.
+func ParseSampling(p *dragonv1.SamplingParams, lim Limits, def Defaults) (sampling.Params, int, []string, error) {
+	sp := sampling.Params{
+		Temperature: float64(p.GetTemperature()), TopK: int(p.GetTopK()), TopP: float64(p.GetTopP()),
+		MinP: float64(p.GetMinP()), RepeatPenalty: float64(p.GetRepetitionPenalty()), Seed: p.GetSeed(),
+	}
+	for name, v := range map[string]float32{"temperature": p.GetTemperature(), "top_p": p.GetTopP(), "min_p": p.GetMinP(), "repetition_penalty": p.GetRepetitionPenalty()} {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return sp, 0, nil, wire.InvalidArgument("sampling."+name, "not a number")
+		}
+	}
+	if err := sp.Validate(); err != nil {
+		return sp, 0, nil, wire.InvalidArgument("sampling", err.Error())
+	}
+	maxTokens := int(p.GetMaxTokens())
+	if maxTokens == 0 {
+		maxTokens = def.MaxTokens
+	}
+	if lim.MaxTokens > 0 && maxTokens > lim.MaxTokens {
+		return sp, 0, nil, wire.InvalidArgument("sampling.max_tokens", fmt.Sprintf("%d is more than the limit of %d", maxTokens, lim.MaxTokens))
+	}
+	for _, s := range p.GetStop() {
+		if s == "" {
+			return sp, 0, nil, wire.InvalidArgument("sampling.stop", "empty stop string")
+		}
+	}
+	return sp, maxTokens, p.GetStop(), nil
+}
+
+// ParseBegin reads and checks a Begin (on the cloud).
+func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
+	r := Request{Query: b.GetQuery(), System: b.GetSystem(), Mode: b.GetMode(), SwitchEvery: int(b.GetSwitchEvery())}
+	var err error
+	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(b.GetSampling(), lim, def); err != nil {
+		return r, err
+	}
+	if err := checkPrompt(r.Query, "query", lim); err != nil {
+		return r, err
+	}
+	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
+		r.Mode = dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION
+	}
+	if _, ok := dragonv1.Mode_name[int32(r.Mode)]; !ok {
+		return r, wire.InvalidArgument("mode", fmt.Sprintf("unknown mode %d", r.Mode))
+	}
+	if r.PassagesDevice, r.PassagesCloud, err = passages(b.GetPassagesDevice(), b.GetPassagesCloud(), lim, def); err != nil {
+		return r, err
+	}
+	if r.CodecTopP, err = codecTopP(b.GetCodecTopP()); err != nil {
+		return r, err
+	}
+	if r.Strategy, err = ParseStrategy(b.GetStrategy()); err != nil {
+		return r, err
+	}
+	if r.Aggregator, err = parseFirst(b.GetAggregator()); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// ParseGenerate reads and checks an app's request (on the device).
+func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Request, error) {
+	r := Request{Query: g.GetPrompt(), System: g.GetSystem(), Mode: g.GetMode(), SwitchEvery: int(g.GetSwitchEvery())}
+	var err error
+	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(g.GetSampling(), lim, def); err != nil {
+		return r, err
+	}
+	if err := checkPrompt(r.Query, "prompt", lim); err != nil {
+		return r, err
+	}
+	if lim.MaxPrompt > 0 && len(r.System) > lim.MaxPrompt {
+		return r, wire.InvalidArgument("system", fmt.Sprintf("%d bytes, more than the limit of %d", len(r.System), lim.MaxPrompt))
+	}
+	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
+		r.Mode = def.Mode
+	}
+	if _, ok := dragonv1.Mode_name[int32(r.Mode)]; !ok || r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
+		return r, wire.InvalidArgument("mode", fmt.Sprintf("unknown mode %d", r.Mode))
+	}
+	if r.PassagesDevice, r.PassagesCloud, err = passages(g.GetPassagesDevice(), g.GetPassagesCloud(), lim, def); err != nil {
+		return r, err
+	}
+	if r.CodecTopP, err = codecTopP(g.GetCodecTopP()); err != nil {
+		return r, err
+	}
+	if r.Strategy, err = ParseStrategy(g.GetStrategy()); err != nil {
+		return r, err
+	}
+	if r.Aggregator, err = parseFirst(g.GetAggregator()); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+func checkPrompt(s, field string, lim Limits) error {
+	switch {
+	case s == "":
+		return wire.InvalidArgument(field, "empty")
+	case lim.MaxPrompt > 0 && len(s) > lim.MaxPrompt:
+		return wire.InvalidArgument(field, fmt.Sprintf("%d bytes, more than the limit of %d", len(s), lim.MaxPrompt))
+	}
+	return nil
+}
+
+func passages(dev, cld uint32, lim Limits, def Defaults) (int, int, error) {
+	d, c := int(dev), int(cld)
+	if d == 0 {
+		d = def.PassagesDevice
+	}
+	if c == 0 {
+		c = def.PassagesCloud
+	}
+	if lim.MaxPassages > 0 && (d > lim.MaxPassages || c > lim.MaxPassages) {
+		return 0, 0, wire.InvalidArgument("passages", fmt.Sprintf("%d and %d passages, at most %d per side", d, c, lim.MaxPassages))
+	}
+	return d, c, nil
+}
+
+func codecTopP(p float32) (float64, error) {
+	if p == 0 {
+		return 0, nil
+	}
+	if !(p > 0 && p <= 1) {
+		return 0, wire.InvalidArgument("codec_top_p", fmt.Sprintf("%v is not in (0, 1]", p))
+	}
+	return float64(p), nil
+}
+
+// ParseStrategy maps the wire's strategy (unspecified: greedy).
+func ParseStrategy(s dragonv1.Strategy) (aggregator.Strategy, error) {
+	switch s {
+	case dragonv1.Strategy_STRATEGY_UNSPECIFIED, dragonv1.Strategy_STRATEGY_GREEDY:
+		return aggregator.Greedy, nil
+	case dragonv1.Strategy_STRATEGY_DEVICE:
+		return aggregator.StaticDevice, nil
+	case dragonv1.Strategy_STRATEGY_CLOUD:
+		return aggregator.StaticCloud, nil
+	case dragonv1.Strategy_STRATEGY_RANDOM:
+		return aggregator.Random, nil
+	}
+	return 0, wire.InvalidArgument("strategy", fmt.Sprintf("unknown strategy %d", s))
+}
+
+// StrategyToProto is the wire form of a strategy.
+func StrategyToProto(s aggregator.Strategy) dragonv1.Strategy {
+	switch s {
+	case aggregator.StaticDevice:
+		return dragonv1.Strategy_STRATEGY_DEVICE
+	case aggregator.StaticCloud:
+		return dragonv1.Strategy_STRATEGY_CLOUD
+	case aggregator.Random:
+		return dragonv1.Strategy_STRATEGY_RANDOM
+	}
+	return dragonv1.Strategy_STRATEGY_GREEDY
+}
+
+func parseFirst(s dragonv1.Side) (aggregator.Side, error) {
+	switch s {
+	case dragonv1.Side_SIDE_UNSPECIFIED, dragonv1.Side_SIDE_DEVICE:
+		return aggregator.Device, nil
+	case dragonv1.Side_SIDE_CLOUD:
+		return aggregator.Cloud, nil
+	}
+	return 0, wire.InvalidArgument("aggregator", fmt.Sprintf("unknown side %d", s))
+}
+
+// ToSide is the wire form of a side.
+func ToSide(s aggregator.Side) dragonv1.Side { return toSide(s) }
+
+// Options are the session options of a request on side self.
+func (r Request) Options(self aggregator.Side, id uint64) Options {
+	o := Options{
+		Self: self, SessionID: id, Owner: self == aggregator.Device, Sampling: r.Sampling, MaxTokens: r.MaxTokens,
+		CodecTopP: r.CodecTopP, Aggregator: r.Aggregator, Strategy: r.Strategy, SwitchEvery: r.SwitchEvery,
+	}
+	if r.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC {
+		o.Sync = TokenWise
+	}
+	return o
+}
+
+// Begin is the wire form of the request, for the cloud.
+func (r Request) Begin(id uint64) *dragonv1.Begin {
+	stop := r.Stop
+	return &dragonv1.Begin{
+		SessionId: id, Query: r.Query, System: r.System, Mode: r.Mode,
+		Sampling: &dragonv1.SamplingParams{
+			Temperature: float32(r.Sampling.Temperature), TopK: uint32(r.Sampling.TopK), TopP: float32(r.Sampling.TopP),
+			MinP: float32(r.Sampling.MinP), RepetitionPenalty: float32(r.Sampling.RepeatPenalty), Seed: r.Sampling.Seed,
+			MaxTokens: uint32(r.MaxTokens), Stop: stop,
+		},
+		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
+		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
+		SwitchEvery: uint32(r.SwitchEvery),
+	}
+}
