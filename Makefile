@@ -24,7 +24,7 @@ export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps proto-tools model build test test-short vet fmt run bench cpuprobe clean
+.PHONY: all deps proto-tools model build test test-short vet fmt run profile bench cpuprobe clean
 
 all: build
 
@@ -83,8 +83,19 @@ test-short: deps model
 # INDEX_FLAGS=` adds dense vectors (an hour of embedding on 2 cores).
 INDEX_FLAGS ?= --dense=false
 QUESTION ?= What did my mail say about California electricity prices, and what did the president propose on energy?
-run: build model corpus index
+run: build model corpus index profile
 	@scripts/demo.sh "$(QUESTION)"
+
+# Each daemon's decoding-latency fit (dragon profile), measured on the core
+# and with the one thread make run gives it; the daemons send it to each
+# other at handshake for the scheduler.
+profile: data/profile-cloud.json data/profile-device.json
+
+data/profile-cloud.json data/profile-device.json: | build model
+	@mkdir -p data
+	@core=$$([ "$@" = data/profile-device.json ] && [ "$$(nproc)" -gt 1 ] && echo 1 || echo 0); \
+	pin=$$(command -v taskset >/dev/null && echo "taskset -c $$core"); \
+	$$pin bin/dragon profile --model $(MODEL) --threads 1 --out $@
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json

@@ -517,3 +517,17 @@ func TestRequestContextAndLogProbs(t *testing.T) {
 		assert.LessOrEqual(t, lp, 0.0)
 	}
 }
+
+func TestProfileDecode(t *testing.T) {
+	_, d := newFake(t, Options{CtxPerSeq: 64})
+	ctx := context.Background()
+	ts, ms, err := ProfileDecode(ctx, d, []string{"a dummy passage", "another dummy one"}, 80, 2)
+	require.NoError(t, err)
+	require.Len(t, ms, len(ts))
+	require.Less(t, len(ts), 80, "stops when the context is full")
+	for i := 1; i < len(ts); i++ {
+		assert.Equal(t, ts[i-1]+1, ts[i], "one more token of context per step")
+	}
+	_, _, err = ProfileDecode(ctx, d, nil, 10, 1)
+	assert.ErrorIs(t, err, engine.ErrInvalidInput)
+}

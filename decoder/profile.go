@@ -7,6 +7,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/internal/timing"
+	"github.com/dragon-rag/dragon/sampling"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -76,4 +77,43 @@ func ProfileVerify(ctx context.Context, c engine.Context, maxRows, reps int) (*s
 		table.Set(rows, timing.MS(best))
 	}
 	return table, nil
+}
+
+// ProfileDecode measures what one decoding step costs as the context grows
+// (DRAGON §5.2's offline profile): d decodes after prompts, one sequence per
+// prompt weighted alike, as a generation over that many passages would,
+// for steps tokens (fewer if the context fills), repeated runs times. It
+// returns each step's context length (the longest sequence) and its median
+// time in milliseconds. The tokens decoded are the model's own greedy
+// choices.
+func ProfileDecode(ctx context.Context, d *Decoder, prompts []string, steps, runs int) (ctxLens, ms []float64, err error) {
+	if steps < 2 || runs < 1 || len(prompts) == 0 {
+		return nil, nil, fmt.Errorf("decoder: %w: profile %d steps, %d runs, %d prompts", engine.ErrInvalidInput, steps, runs, len(prompts))
+	}
+	times := make([][]float64, steps)
+	lens := make([]float64, steps)
+	n := steps
+	for range runs {
+		if err := d.BeginRaw(ctx, prompts, make([]float64, len(prompts))); err != nil {
+			return nil, nil, fmt.Errorf("decoder: profile: %w", err)
+		}
+		for step := range steps {
+			if d.Room() <= 0 {
+				n = min(n, step)
+				break
+			}
+			start := time.Now()
+			mix, err := d.Next(ctx)
+			if err != nil {
+				return nil, nil, fmt.Errorf("decoder: profile: %w", err)
+			}
+			times[step] = append(times[step], timing.MS(time.Since(start)))
+			lens[step] = float64(d.longestPrompt() + len(d.gen))
+			d.Push(engine.Token(sampling.Argmax(mix)))
+		}
+	}
+	for step := range n {
+		ms = append(ms, timing.Median(times[step]))
+	}
+	return lens[:n], ms, nil
 }
