@@ -254,7 +254,13 @@ func (s *Server) summarize(req session.Request, sum session.Summary, text string
 			gaps = append(gaps, sum.TokenTimes[i].Sub(sum.TokenTimes[i-1]))
 		}
 		if len(gaps) > 0 {
-			span := sum.TokenTimes[len(sum.TokenTimes)-1].Sub(sum.TokenTimes[0])
+			first := sum.TokenTimes[0]
+			if !sum.FirstLocal.IsZero() {
+				// The answer arrived at once (sequence-wise): its tokens took
+				// from the first one decoded here to the decision.
+				first = sum.FirstLocal
+			}
+			span := sum.TokenTimes[len(sum.TokenTimes)-1].Sub(first)
 			out.TokenLatencyMean = durationpb.New(span / time.Duration(len(gaps)))
 			slices.Sort(gaps)
 			out.TokenLatencyP50 = durationpb.New(gaps[len(gaps)/2])

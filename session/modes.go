@@ -383,6 +383,9 @@ func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query
 	if err != nil {
 		return sum, err
 	}
+	if len(local.TokenTimes) > 0 {
+		sum.FirstLocal = local.TokenTimes[0]
+	}
 	if err := sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Candidate{Candidate: &dragonv1.Candidate{
 		SessionId: opts.SessionID, Side: dragonv1.Side_SIDE_DEVICE, Tokens: own.tokens, LogRelevanceMass: own.hTilde,
 	}}}, &sum.BytesSent); err != nil {

@@ -129,6 +129,9 @@ type Summary struct {
 	Finish Finish
 	// TokenTimes are when each target token was decided here.
 	TokenTimes []time.Time
+	// FirstLocal is when this side's decoder produced its first token, for
+	// modes whose answer arrives all at once (sequence-wise).
+	FirstLocal time.Time
 	// By side (device, cloud): drafts accepted and rejected, stale drafts
 	// dropped here, steps decided on that side.
 	Accepted, Rejected, Stale, Aggregated [2]uint64

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"regexp"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/dragon-rag/dragon/bench/aggbench"
 	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/internal/testmodel"
 	"github.com/dragon-rag/dragon/netsim"
@@ -43,87 +39,27 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// daemon is a dragon daemon running as a child process.
-type daemon struct {
-	name string
-	cmd  *exec.Cmd
-	addr string
-	mu   sync.Mutex
-	log  strings.Builder
-}
-
-var servingAddr = regexp.MustCompile(`msg=serving .*addr=(\S+)`)
-
-// startDaemon runs `dragon args...` and waits until it serves.
-func startDaemon(t *testing.T, name string, args ...string) *daemon {
+// startDaemon runs `dragon args...` from this test binary and waits until
+// it serves; it is stopped (and must stop cleanly) when the test ends.
+func startDaemon(t *testing.T, name string, args ...string) *aggbench.Daemon {
 	t.Helper()
-	d := &daemon{name: name, cmd: exec.Command(os.Args[0])}
-	d.cmd.Env = append(os.Environ(), "DRAGON_CHILD_ARGS="+strings.Join(args, "\n"))
-	stderr, err := d.cmd.StderrPipe()
+	d, err := aggbench.StartDaemon(name, -1, []string{"DRAGON_CHILD_ARGS=" + strings.Join(args, "\n")}, os.Args[0])
 	require.NoError(t, err)
-	require.NoError(t, d.cmd.Start())
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			d.mu.Lock()
-			d.log.WriteString(line + "\n")
-			d.mu.Unlock()
-			if m := servingAddr.FindStringSubmatch(line); m != nil {
-				addr <- m[1]
-			}
-		}
-		close(addr)
-	}()
-	t.Cleanup(func() { d.stop(t) })
-	select {
-	case a, ok := <-addr:
-		if !ok {
-			t.Fatalf("%s exited before serving:\n%s", name, d.logs())
-		}
-		d.addr = a
-	case <-time.After(2 * time.Minute):
-		t.Fatalf("%s did not start:\n%s", name, d.logs())
-	}
+	t.Cleanup(func() { assert.NoError(t, d.Stop(30*time.Second), "%s stops cleanly on SIGTERM", name) })
 	return d
-}
-
-func (d *daemon) logs() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.log.String()
-}
-
-// stop asks the daemon to shut down gracefully and checks it did.
-func (d *daemon) stop(t *testing.T) {
-	if d.cmd.ProcessState != nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
-	select {
-	case err := <-done:
-		assert.NoError(t, err, "%s exits cleanly on SIGTERM:\n%s", d.name, d.logs())
-	case <-time.After(30 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-done
-		t.Errorf("%s did not stop on SIGTERM:\n%s", d.name, d.logs())
-	}
 }
 
 // pair starts a cloud and a device on loopback, one thread each; with
 // latency > 0 the device reaches the cloud through a netsim proxy.
-func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *daemon, *daemon) {
+func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
 	model := testmodel.Path(t)
 	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
-	cloudAddr := cld.addr
+	cloudAddr := cld.Addr
 	if latency > 0 {
 		link, err := netsim.NewLink(netsim.Shape{Latency: latency, Jitter: latency / 5}, 1)
 		require.NoError(t, err)
-		p, err := netsim.NewProxy("127.0.0.1:0", cld.addr, link, nil)
+		p, err := netsim.NewProxy("127.0.0.1:0", cld.Addr, link, nil)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
@@ -136,7 +72,7 @@ func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *d
 	}
 	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "")
-	conn, err := grpc.NewClient(dev.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return dragonv1.NewDeviceServiceClient(conn), dev, cld
@@ -182,7 +118,7 @@ func ask(t *testing.T, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateReq
 func TestTwoDaemonsAnswer(t *testing.T) {
 	client, dev, cld := pair(t, 0)
 	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 32}})
-	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
 	s := a.summary
 	require.NotNil(t, s)
 	t.Logf("%q\n%v", a.text, s)
@@ -229,9 +165,9 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 24}}
 		}
 		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
 		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.logs(), cld.logs())
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
 		require.NotEmpty(t, tw.tokens, "question %d", i)
 		assert.Equal(t, tw.tokens, dr.tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.text, dr.text)
 		switches += dr.summary.GetAggregatorSwitches()

@@ -1,0 +1,200 @@
+// Package aggbench measures the two live sides (`dragon bench agg`): a
+// cloud and a device daemon as two processes pinned to their own cores
+// with one thread each, the device reaching the cloud through a netsim
+// link of one-way latency L and jitter L/5, and the per-token latency of
+// each mode at each L, medians over a set of questions.
+package aggbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/dragon-rag/dragon/internal/timing"
+	"github.com/dragon-rag/dragon/netsim"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+// Mode is a mode to measure, as the command line names it.
+type Mode struct {
+	Name string
+	Mode dragonv1.Mode
+}
+
+// Options of a run.
+type Options struct {
+	// Binary is the dragon binary; Env extra environment for it.
+	Binary string
+	Env    []string
+	Model  string
+	// Cloud and device index folders.
+	CloudIndex, DeviceIndex string
+	Questions               []string
+	LatencyMS               []float64
+	Modes                   []Mode
+	MaxTokens               int
+	Passages                int
+	// Extra flags for both daemons.
+	DaemonFlags []string
+	Log         func(format string, args ...any)
+}
+
+// Result is the JSON `dragon bench agg` prints.
+type Result struct {
+	// PerTokenMS by mode, then by one-way latency: the median over the
+	// questions of the time per token after the first.
+	PerTokenMS map[string]map[string]float64 `json:"per_token_ms"`
+	// TTFTMS likewise.
+	TTFTMS map[string]map[string]float64 `json:"ttft_ms"`
+	// Acceptance is the median acceptance rate of each side's drafts in
+	// dragon runs.
+	Acceptance map[string]float64 `json:"acceptance"`
+	// Switches is the median number of aggregator moves per dragon answer.
+	Switches float64 `json:"switches"`
+	// GreedyIdentical counts (question, latency) pairs where greedy dragon
+	// and greedy tw gave the same tokens, out of GreedyPrompts.
+	GreedyIdentical int      `json:"greedy_identical"`
+	GreedyPrompts   int      `json:"greedy_prompts"`
+	Tokens          float64  `json:"median_tokens"`
+	Questions       int      `json:"questions"`
+	Mismatches      []string `json:"mismatches,omitempty"`
+}
+
+type answer struct {
+	tokens   []int32
+	summary  *dragonv1.GenerateSummary
+	perToken float64
+}
+
+// Run starts the two daemons, measures, and stops them.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if len(o.Questions) == 0 || len(o.LatencyMS) == 0 || len(o.Modes) == 0 {
+		return Result{}, errors.New("aggbench: need questions, latencies and modes")
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
+	cloud, err := StartDaemon("cloud", 0, o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", "data/profile-cloud.json"}, common...)...)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cloud.Stop(10 * time.Second)
+	link, err := netsim.NewLink(netsim.Shape{}, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	proxy, err := netsim.NewProxy("127.0.0.1:0", cloud.Addr, link, nil)
+	if err != nil {
+		return Result{}, err
+	}
+	pctx, stopProxy := context.WithCancel(ctx)
+	defer stopProxy()
+	go proxy.Serve(pctx)
+	device, err := StartDaemon("device", 1, o.Env, append([]string{o.Binary, "device", "--index", o.DeviceIndex, "--profile", "data/profile-device.json",
+		"--cloud", proxy.Addr(), "--cloud-passages", strconv.Itoa(o.Passages)}, common...)...)
+	if err != nil {
+		return Result{}, err
+	}
+	defer device.Stop(10 * time.Second)
+	conn, err := grpc.NewClient(device.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	client := dragonv1.NewDeviceServiceClient(conn)
+
+	res := Result{PerTokenMS: map[string]map[string]float64{}, TTFTMS: map[string]map[string]float64{}, Acceptance: map[string]float64{}, Questions: len(o.Questions)}
+	var accDev, accCloud, switches, tokens []float64
+	for _, lat := range o.LatencyMS {
+		key := strconv.FormatFloat(lat, 'f', -1, 64)
+		shape := netsim.Shape{Latency: time.Duration(lat * float64(time.Millisecond)), Jitter: time.Duration(lat / 5 * float64(time.Millisecond))}
+		if err := link.Up.SetShape(shape); err != nil {
+			return res, err
+		}
+		if err := link.Down.SetShape(shape); err != nil {
+			return res, err
+		}
+		per := map[string][]float64{}
+		ttft := map[string][]float64{}
+		for qi, q := range o.Questions {
+			byMode := map[string]answer{}
+			for _, m := range o.Modes {
+				a, err := ask(ctx, client, q, m.Mode, o.MaxTokens)
+				if err != nil {
+					return res, fmt.Errorf("aggbench: %s at %v ms, question %d: %w\ndevice:\n%s\ncloud:\n%s", m.Name, lat, qi, err, device.Logs(), cloud.Logs())
+				}
+				byMode[m.Name] = a
+				per[m.Name] = append(per[m.Name], a.perToken)
+				ttft[m.Name] = append(ttft[m.Name], timing.MS(a.summary.GetTtft().AsDuration()))
+				if m.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION {
+					accDev = append(accDev, a.summary.GetAcceptanceRateDevice())
+					accCloud = append(accCloud, a.summary.GetAcceptanceRateCloud())
+					switches = append(switches, float64(a.summary.GetAggregatorSwitches()))
+					tokens = append(tokens, float64(len(a.tokens)))
+				}
+				o.Log("L=%v %-11s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms", lat, m.Name, qi, len(a.tokens), a.perToken, timing.MS(a.summary.GetTtft().AsDuration()))
+			}
+			dr, okD := byMode["dragon"]
+			tw, okT := byMode["tw"]
+			if okD && okT {
+				res.GreedyPrompts++
+				if slices.Equal(dr.tokens, tw.tokens) {
+					res.GreedyIdentical++
+				} else {
+					res.Mismatches = append(res.Mismatches, fmt.Sprintf("L=%v q%d: %q", lat, qi, q))
+				}
+			}
+		}
+		for _, m := range o.Modes {
+			if res.PerTokenMS[m.Name] == nil {
+				res.PerTokenMS[m.Name] = map[string]float64{}
+				res.TTFTMS[m.Name] = map[string]float64{}
+			}
+			res.PerTokenMS[m.Name][key] = timing.Median(per[m.Name])
+			res.TTFTMS[m.Name][key] = timing.Median(ttft[m.Name])
+		}
+	}
+	res.Acceptance["device"] = timing.Median(accDev)
+	res.Acceptance["cloud"] = timing.Median(accCloud)
+	res.Switches = timing.Median(switches)
+	res.Tokens = timing.Median(tokens)
+	return res, errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
+}
+
+// ask runs one greedy generation and its per-token latency: the device's
+// mean time per token after the first.
+func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, mode dragonv1.Mode, maxTokens int) (answer, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	stream, err := c.Generate(ctx, &dragonv1.GenerateRequest{Prompt: q, Mode: mode, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+	if err != nil {
+		return answer{}, err
+	}
+	var a answer
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return a, err
+		}
+		a.tokens = append(a.tokens, m.GetChunk().GetTokens()...)
+		if s := m.GetSummary(); s != nil {
+			a.summary = s
+		}
+	}
+	if a.summary == nil {
+		return a, errors.New("no summary")
+	}
+	a.perToken = timing.MS(a.summary.GetTokenLatencyMean().AsDuration())
+	return a, nil
+}

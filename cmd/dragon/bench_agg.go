@@ -1,0 +1,77 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/bench/aggbench"
+	"github.com/dragon-rag/dragon/bench/promptset"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
+
+func newBenchAggCmd() *cobra.Command {
+	var (
+		o                 aggbench.Options
+		latencies, modes  string
+		questions         int
+		asJSON, noSpec    bool
+		cloudIx, deviceIx string
+	)
+	cmd := &cobra.Command{
+		Use:   "agg",
+		Short: "Per-token latency of each mode with two live daemons behind an emulated link (one core and one thread each)",
+		Long: `Starts a cloud and a device daemon from this binary, pinned to cores 0 and 1
+with one thread each, the device reaching the cloud through a netsim link of
+one-way latency L (jitter L/5, normal), and asks each question in each mode
+at each L (greedy, 2 passages per side by default). Prints median per-token
+latency by mode and L, the acceptance of each side's drafts, aggregator
+moves, and how many greedy dragon answers equal greedy tw answers. Needs
+make model, make index and (optionally) make profile first.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if o.LatencyMS, err = parseFloats(latencies); err != nil {
+				return fmt.Errorf("--latencies: %w", err)
+			}
+			for _, name := range strings.Split(modes, ",") {
+				m, err := parseModeName(strings.TrimSpace(name))
+				if err != nil {
+					return fmt.Errorf("--modes: %w", err)
+				}
+				o.Modes = append(o.Modes, aggbench.Mode{Name: strings.TrimSpace(name), Mode: m})
+			}
+			if questions < 1 || questions > len(promptset.Questions) {
+				return fmt.Errorf("--questions %d: between 1 and %d", questions, len(promptset.Questions))
+			}
+			o.Questions = promptset.Questions[:questions]
+			if o.Binary, err = os.Executable(); err != nil {
+				return err
+			}
+			o.CloudIndex, o.DeviceIndex = cloudIx, deviceIx
+			if noSpec {
+				o.DaemonFlags = append(o.DaemonFlags, "--no-spec")
+			}
+			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
+			res, err := aggbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), res)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Model, "model", defaultModel(), "GGUF model file")
+	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
+	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
+	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
+	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure")
+	f.IntVar(&questions, "questions", 8, "questions of the built-in set")
+	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens per answer")
+	f.IntVar(&o.Passages, "passages", 2, "passages per side")
+	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off on both daemons")
+	f.BoolVar(&asJSON, "json", true, "print one JSON object (always)")
+	return cmd
+}
