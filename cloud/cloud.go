@@ -113,6 +113,8 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 		err = session.ServeSolo(ctx, opts, s.dec, req.Query, passages, stream)
 	case dragonv1.Mode_MODE_CONTEXT:
 		err = session.ServePassages(ctx, id, passages, stream)
+	case dragonv1.Mode_MODE_KV:
+		err = session.ServeKV(ctx, opts, s.dec, req.Query, passages, stream)
 	default:
 		return s.refuse(stream, id, status.Errorf(codes.Unimplemented, "mode %v is not served by this cloud", req.Mode))
 	}

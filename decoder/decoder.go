@@ -61,6 +61,15 @@ type Passage struct {
 	Source string
 }
 
+// Imported is a passage sequence another context prefilled (DRCG/KV): its
+// prompt tokens, its KV state (engine.Context.SeqState) and its relevance
+// score. The decoder loads the state instead of prefilling the prompt.
+type Imported struct {
+	Prompt []engine.Token
+	State  []byte
+	Score  float64
+}
+
 // Options configure a decoder.
 type Options struct {
 	// MaxPassages is the most passages (KV sequences) one generation uses.
@@ -229,24 +238,33 @@ func (d *Decoder) Prompt(i int) []engine.Token { return d.prompts[i] }
 // top-k successors of every prompt position (for in-context calibration);
 // asking for them makes the prefill compute logits for every row.
 func (d *Decoder) Begin(ctx context.Context, query string, passages []Passage, calib func(seq int, rows [][]engine.TokenLogit) error) error {
-	return d.beginMode(ctx, query, passages, d.opts.Mode, calib)
+	return d.beginMode(ctx, query, passages, nil, d.opts.Mode, calib)
 }
 
-func (d *Decoder) beginMode(ctx context.Context, query string, passages []Passage, mode Mode, calib func(seq int, rows [][]engine.TokenLogit) error) error {
+func (d *Decoder) beginMode(ctx context.Context, query string, passages []Passage, imported []Imported, mode Mode, calib func(seq int, rows [][]engine.TokenLogit) error) error {
 	if query == "" {
 		return fmt.Errorf("decoder: %w: empty query", engine.ErrInvalidInput)
 	}
-	if len(passages) > d.opts.MaxPassages && mode == OutputAggregation {
-		return fmt.Errorf("decoder: %w: %d passages, at most %d", engine.ErrInvalidInput, len(passages), d.opts.MaxPassages)
+	if len(imported) > 0 && mode != OutputAggregation {
+		return fmt.Errorf("decoder: %w: imported sequences need output aggregation", engine.ErrInvalidInput)
+	}
+	if n := len(passages) + len(imported); n > d.opts.MaxPassages && mode == OutputAggregation {
+		return fmt.Errorf("decoder: %w: %d passages, at most %d", engine.ErrInvalidInput, n, d.opts.MaxPassages)
 	}
 	d.mode = mode
 	d.passages = append(d.passages[:0], passages...)
 	texts, scores := d.promptTexts(query)
-	hTilde := math.Inf(-1) // no documents: no weight in a cross-side mixture
-	if len(passages) > 0 {
-		_, hTilde = weights(passageScores(passages))
+	if len(passages) == 0 && len(imported) > 0 {
+		texts, scores = nil, nil // the imported passages are the documents
 	}
-	return d.begin(ctx, texts, scores, hTilde, calib)
+	for _, im := range imported {
+		scores = append(scores, im.Score)
+	}
+	hTilde := math.Inf(-1) // no documents: no weight in a cross-side mixture
+	if len(passages)+len(imported) > 0 {
+		_, hTilde = weights(scores)
+	}
+	return d.begin(ctx, texts, imported, scores, hTilde, calib)
 }
 
 // BeginRaw starts a generation over prompts given as text, one sequence
@@ -261,10 +279,12 @@ func (d *Decoder) BeginRaw(ctx context.Context, prompts []string, scores []float
 	}
 	d.passages = d.passages[:0]
 	_, hTilde := weights(scores)
-	return d.begin(ctx, prompts, scores, hTilde, nil)
+	return d.begin(ctx, prompts, nil, scores, hTilde, nil)
 }
 
-func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, hTilde float64, calib func(int, [][]engine.TokenLogit) error) error {
+// begin tokenizes texts and prefills one sequence per text, then loads the
+// imported sequences after them.
+func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported, scores []float64, hTilde float64, calib func(int, [][]engine.TokenLogit) error) error {
 	d.prompts = d.prompts[:0]
 	for _, text := range texts {
 		toks, err := d.model.Tokenize(text, true, true)
@@ -280,6 +300,13 @@ func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, h
 		}
 		d.prompts = append(d.prompts, toks)
 	}
+	own := len(d.prompts)
+	for _, im := range imported {
+		if len(im.Prompt) == 0 || len(im.Prompt) >= d.opts.CtxPerSeq {
+			return fmt.Errorf("decoder: %w: imported prompt of %d tokens for sequences of %d", engine.ErrInvalidInput, len(im.Prompt), d.opts.CtxPerSeq)
+		}
+		d.prompts = append(d.prompts, im.Prompt)
+	}
 	d.w, _ = weights(scores)
 	d.hTilde = hTilde
 	d.gen = d.gen[:0]
@@ -289,9 +316,25 @@ func (d *Decoder) begin(ctx context.Context, texts []string, scores []float64, h
 		}
 	}
 	d.held = make([]int, len(d.prompts))
+	for i, im := range imported {
+		s := own + i
+		if err := d.ectx.SetSeqState(s, im.State, len(im.Prompt)); err != nil {
+			return fmt.Errorf("decoder: imported passage %d: %w", i, err)
+		}
+		d.held[s] = len(im.Prompt)
+	}
 	d.nextValid = false
 	d.stats = specdec.Stats{}
 	return d.forward(ctx, nil, false, calib)
+}
+
+// SeqState is the KV state of sequence i of the current generation, for
+// another decoder to import (DRCG/KV).
+func (d *Decoder) SeqState(i int) ([]byte, error) {
+	if i < 0 || i >= len(d.prompts) {
+		return nil, fmt.Errorf("decoder: %w: sequence %d of %d", engine.ErrInvalidInput, i, len(d.prompts))
+	}
+	return d.ectx.SeqState(i)
 }
 
 func passageScores(ps []Passage) []float64 {

@@ -24,6 +24,9 @@ type Request struct {
 	// Context concatenates the passages into one prompt for this request
 	// (context aggregation) whatever the decoder's mode.
 	Context bool
+	// Imported are passage sequences prefilled elsewhere, decoded after
+	// Passages' own.
+	Imported []Imported
 }
 
 // Result summarizes a generation.
@@ -59,18 +62,19 @@ type Chooser func(mix []float32, pos int, history []engine.Token) (engine.Token,
 // the drafter on its prompts (calibrated from the prefill's logits when
 // configured).
 func (d *Decoder) Start(ctx context.Context, query string, passages []Passage) error {
-	return d.StartMode(ctx, query, passages, d.opts.Mode)
+	return d.StartMode(ctx, query, passages, nil, d.opts.Mode)
 }
 
 // StartMode is Start with the passages entering the model as mode says for
 // this generation (a decoder made for output aggregation can concatenate
 // passages into one prompt, the DRCG baseline, and the other way round as
-// far as MaxPassages allows).
-func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passage, mode Mode) error {
+// far as MaxPassages allows), and with sequences another context prefilled
+// after this side's own (output aggregation only).
+func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passage, imported []Imported, mode Mode) error {
 	d.steps = 0
 	d.shadow.Reset()
 	if !d.opts.Spec.Enabled {
-		return d.beginMode(ctx, query, passages, mode, nil)
+		return d.beginMode(ctx, query, passages, imported, mode, nil)
 	}
 	var err error
 	if d.drafter, err = specdec.NewDrafter(d.opts.Spec, d.acc); err != nil {
@@ -80,7 +84,7 @@ func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passag
 	if d.opts.Spec.Calibration {
 		calib = d.calibrate
 	}
-	if err := d.beginMode(ctx, query, passages, mode, calib); err != nil {
+	if err := d.beginMode(ctx, query, passages, imported, mode, calib); err != nil {
 		return err
 	}
 	if calib == nil {
@@ -244,7 +248,7 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 	if req.Context {
 		mode = ContextAggregation
 	}
-	if err := d.StartMode(ctx, req.Query, req.Passages, mode); err != nil {
+	if err := d.StartMode(ctx, req.Query, req.Passages, req.Imported, mode); err != nil {
 		return res, err
 	}
 	defer d.Finish()

@@ -141,7 +141,7 @@ func (s *Server) generate(ctx context.Context, req session.Request, opts session
 		if err != nil {
 			return session.Summary{}, err
 		}
-		sum, err := session.Local(ctx, opts, s.dec, req.Query, passages, false, emit)
+		sum, err := session.Local(ctx, opts, s.dec, session.Input{Query: req.Query, Passages: passages}, emit)
 		sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
 		return sum, err
 	}
@@ -183,13 +183,25 @@ func (s *Server) generate(ctx context.Context, req session.Request, opts session
 			return session.Summary{}, err
 		}
 		all := append(passages, cloudPassages...)
-		sum, err := session.Local(ctx, opts, s.dec, req.Query, all, true, emit)
-		sum.BytesReceived += n
-		sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
-		_ = conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}})
-		return sum, err
+		return s.finishLocal(ctx, opts, conn, session.Input{Query: req.Query, Passages: all, Context: true}, n, emit)
+	case dragonv1.Mode_MODE_KV:
+		imported, n, err := session.FetchKV(ctx, conn, s.cfg.Model.Info().VocabSize)
+		if err != nil {
+			return session.Summary{}, err
+		}
+		return s.finishLocal(ctx, opts, conn, session.Input{Query: req.Query, Passages: passages, Imported: imported}, n, emit)
 	}
 	return session.Summary{}, status.Errorf(codes.Unimplemented, "mode %v is not implemented", req.Mode)
+}
+
+// finishLocal decodes what the cloud sent (its passages as text or as KV
+// state) on the device, then ends the peer session.
+func (s *Server) finishLocal(ctx context.Context, opts session.Options, conn session.Conn, in session.Input, received uint64, emit session.Emit) (session.Summary, error) {
+	sum, err := session.Local(ctx, opts, s.dec, in, emit)
+	sum.BytesReceived += received
+	sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
+	_ = conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}})
+	return sum, err
 }
 
 func (s *Server) track(f func(*dragonv1.StatsResponse)) {

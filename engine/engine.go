@@ -164,6 +164,13 @@ type Context interface {
 	// CopySeq makes positions [p0, p1) of src also belong to dst, which
 	// must hold exactly p0 positions (shares the cells, copies nothing).
 	CopySeq(src, dst, p0, p1 int) error
+	// SeqState serialises what sequence seq holds in the KV cache, for
+	// SetSeqState on a context of the same model and options (DRCG/KV:
+	// another machine prefills, this one decodes).
+	SeqState(seq int) ([]byte, error)
+	// SetSeqState loads a SeqState into sequence seq, which must be empty;
+	// the state must hold positions [0, n).
+	SetSeqState(seq int, state []byte, n int) error
 	// Abort stops the decode in flight, if any.
 	Abort()
 	Options() ContextOptions

@@ -161,3 +161,29 @@ func TestPrefillErrors(t *testing.T) {
 	_, err = c.Logits(b.Len()-1, nil)
 	require.NoError(t, err, "the last token's logits are there")
 }
+
+func TestFakeSeqState(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 7, Vocab: 300})
+	ctx := context.Background()
+	toks, err := m.Tokenize("the cat sat", false, false)
+	require.NoError(t, err)
+	opts := engine.ContextOptions{CtxPerSeq: 64, MaxSeqs: 2}
+	src, err := m.NewContext(opts)
+	require.NoError(t, err)
+	dst, err := m.NewContext(opts)
+	require.NoError(t, err)
+	_, err = engine.Prefill(ctx, src, 0, toks, nil)
+	require.NoError(t, err)
+	state, err := src.SeqState(0)
+	require.NoError(t, err)
+	require.NoError(t, dst.SetSeqState(1, state, len(toks)))
+	var b engine.Batch
+	b.Add(toks[0], len(toks), true, 1)
+	require.NoError(t, dst.Decode(ctx, &b))
+	got, err := dst.Logits(0, nil)
+	require.NoError(t, err)
+	assert.Equal(t, m.Distribution(append(toks, toks[0])), got)
+	assert.ErrorIs(t, dst.SetSeqState(1, state, len(toks)), engine.ErrInvalidInput, "not empty")
+	assert.ErrorIs(t, dst.SetSeqState(0, state, len(toks)+1), engine.ErrInvalidInput, "wrong length")
+	assert.ErrorIs(t, dst.SetSeqState(0, []byte("junk"), 1), engine.ErrInvalidInput)
+}

@@ -120,3 +120,19 @@ func (s *SeqLens) Copy(src, dst, p0, p1 int) error {
 	s.lens[dst] = p1
 	return nil
 }
+
+// Load validates and records that sequence seq, empty, now holds n
+// positions loaded from a saved state.
+func (s *SeqLens) Load(seq, n int) error {
+	if err := s.checkSeq(seq); err != nil {
+		return err
+	}
+	if s.lens[seq] != 0 {
+		return fmt.Errorf("%w: load into sequence %d, which holds %d positions", ErrInvalidInput, seq, s.lens[seq])
+	}
+	if n < 1 || n > s.capPerSeq {
+		return fmt.Errorf("%w: a state of %d positions for sequences of %d", ErrInvalidInput, n, s.capPerSeq)
+	}
+	s.lens[seq] = n
+	return nil
+}

@@ -88,15 +88,25 @@ func sendCounted(conn Conn, m *dragonv1.PeerMessage, n *uint64) error {
 	return nil
 }
 
+// Input is what a local generation decodes.
+type Input struct {
+	Query    string
+	Passages []decoder.Passage
+	// Context concatenates the passages into one prompt (DRCG/Text).
+	Context bool
+	// Imported are sequences the cloud prefilled (DRCG/KV).
+	Imported []decoder.Imported
+}
+
 // Local runs a generation on this side alone (device-only, and the device
 // half of the context and KV baselines): decoder.Generate with emit.
-func Local(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, concat bool, emit Emit) (Summary, error) {
+func Local(ctx context.Context, opts Options, dec *decoder.Decoder, in Input, emit Emit) (Summary, error) {
 	if err := opts.defaults(); err != nil {
 		return Summary{}, err
 	}
 	var sum Summary
 	res, err := dec.Generate(ctx, decoder.Request{
-		Query: query, Passages: passages, Sampling: opts.Sampling, MaxTokens: opts.MaxTokens, Context: concat,
+		Query: in.Query, Passages: in.Passages, Sampling: opts.Sampling, MaxTokens: opts.MaxTokens, Context: in.Context, Imported: in.Imported,
 	}, func(tok engine.Token, _ string) error {
 		sum.TokenTimes = append(sum.TokenTimes, time.Now())
 		if emit != nil {
@@ -178,7 +188,7 @@ func ServeSolo(ctx context.Context, opts Options, dec *decoder.Decoder, query st
 		cancel()
 	}()
 	step := uint64(0)
-	_, err := Local(ctx, opts, dec, query, passages, false, func(_ int, tok engine.Token) (bool, error) {
+	_, err := Local(ctx, opts, dec, Input{Query: query, Passages: passages}, func(_ int, tok engine.Token) (bool, error) {
 		m := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Tokens: []int32{tok}}}}
 		step++
 		return false, conn.Send(m)
@@ -253,7 +263,7 @@ type candidate struct {
 // generateCandidate is one side's answer alone, the end token included
 // when the answer ended with it.
 func generateCandidate(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage) (candidate, Summary, error) {
-	sum, err := Local(ctx, opts, dec, query, passages, false, nil)
+	sum, err := Local(ctx, opts, dec, Input{Query: query, Passages: passages}, nil)
 	if err != nil {
 		return candidate{}, sum, err
 	}
@@ -444,4 +454,94 @@ func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query
 		}
 	}
 	return sum, nil
+}
+
+// kvChunkBytes bounds the state bytes of one KVChunk message.
+const kvChunkBytes = 1 << 20
+
+// ServeKV is the cloud half of DRCG/KV: prefill the cloud's passages and
+// ship each sequence's KV state with its prompt and score, then wait for
+// the device to finish.
+func ServeKV(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn) error {
+	in := messages(ctx, conn)
+	if len(passages) > 0 {
+		if err := dec.Begin(ctx, query, passages, nil); err != nil {
+			return err
+		}
+	}
+	for i, p := range passages {
+		state, err := dec.SeqState(i)
+		if err != nil {
+			return err
+		}
+		prompt := dec.Prompt(i)
+		for off := 0; off == 0 || off < len(state); off += kvChunkBytes {
+			end := min(off+kvChunkBytes, len(state))
+			c := &dragonv1.KVChunk{SessionId: opts.SessionID, Passage: uint32(i), Data: state[off:end], Last: end == len(state), Passages: uint32(len(passages))}
+			if off == 0 {
+				c.Score, c.Prompt = p.Score, prompt
+			}
+			if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Kv{Kv: c}}); err != nil {
+				return err
+			}
+		}
+	}
+	if len(passages) == 0 {
+		if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Kv{Kv: &dragonv1.KVChunk{SessionId: opts.SessionID, Last: true}}}); err != nil {
+			return err
+		}
+	}
+	return waitCancel(ctx, in)
+}
+
+// FetchKV is the device half of DRCG/KV: the cloud's prefilled passage
+// sequences, to import into the device's decoder. It returns them and the
+// bytes received.
+func FetchKV(ctx context.Context, conn Conn, vocab int) ([]decoder.Imported, uint64, error) {
+	in := messages(ctx, conn)
+	var (
+		out   []decoder.Imported
+		total = -1
+		open  bool // the last passage still expects chunks
+		bytes uint64
+	)
+	for {
+		m, err := expect(ctx, in)
+		if err != nil {
+			return nil, bytes, err
+		}
+		bytes += uint64(proto.Size(m))
+		c := m.GetKv()
+		if c == nil {
+			continue
+		}
+		if total < 0 {
+			if total = int(c.GetPassages()); total == 0 {
+				return nil, bytes, nil
+			}
+		}
+		i := int(c.GetPassage())
+		switch {
+		case !open && i == len(out) && i < total:
+			for _, t := range c.GetPrompt() {
+				if t < 0 || int(t) >= vocab {
+					return nil, bytes, fmt.Errorf("%w: KV prompt token %d outside the vocabulary", aggregator.ErrProtocol, t)
+				}
+			}
+			out = append(out, decoder.Imported{Prompt: c.GetPrompt(), Score: c.GetScore()})
+			open = true
+		case !open || i != len(out)-1:
+			return nil, bytes, fmt.Errorf("%w: KV chunk of passage %d out of order", aggregator.ErrProtocol, i)
+		}
+		out[i].State = append(out[i].State, c.GetData()...)
+		if c.GetLast() {
+			if len(out[i].State) == 0 {
+				return nil, bytes, fmt.Errorf("%w: empty KV state of passage %d", aggregator.ErrProtocol, i)
+			}
+			open = false
+			if i == total-1 {
+				return out, bytes, nil
+			}
+		}
+	}
 }

@@ -22,7 +22,11 @@ import (
 	"github.com/dragon-rag/dragon/specdec"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks that no session leaves a goroutine behind (bleve, which
+// IndexRetriever imports, starts its analysis workers at init).
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/blevesearch/bleve_index_api.AnalysisWorker"))
+}
 
 var (
 	devicePassages = []decoder.Passage{
@@ -232,7 +236,7 @@ func TestBaselineModes(t *testing.T) {
 		return Options{Self: side, SessionID: 4, Owner: side == aggregator.Device, MaxTokens: 30, Sampling: sampling.Params{Temperature: 1, Seed: 5}}
 	}
 	local := func(side aggregator.Side, passages []decoder.Passage, concat bool) []engine.Token {
-		sum, err := Local(ctx, opts(side), newDecoder(t, side, false), query, passages, concat, nil)
+		sum, err := Local(ctx, opts(side), newDecoder(t, side, false), Input{Query: query, Passages: passages, Context: concat}, nil)
 		require.NoError(t, err)
 		return sum.Tokens
 	}
@@ -261,12 +265,30 @@ func TestBaselineModes(t *testing.T) {
 			}
 			assert.Equal(t, cloudPassages, ps)
 			all := append(append([]decoder.Passage(nil), devicePassages...), ps...)
-			return Local(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), query, all, true, nil)
+			return Local(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), Input{Query: query, Passages: all, Context: true}, nil)
 		}, func(c Conn) error {
 			return ServePassages(ctx, 4, cloudPassages, c)
 		})
 		all := append(append([]decoder.Passage(nil), devicePassages...), cloudPassages...)
 		assert.Equal(t, local(aggregator.Device, all, true), sum.Tokens)
+	})
+
+	t.Run("kv", func(t *testing.T) {
+		sum := runModes(t, func(c Conn) (Summary, error) {
+			imported, n, err := FetchKV(ctx, c, copier.Vocab)
+			if err != nil {
+				return Summary{}, err
+			}
+			assert.Positive(t, n)
+			require.Len(t, imported, len(cloudPassages))
+			return Local(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), Input{Query: query, Passages: devicePassages, Imported: imported}, nil)
+		}, func(c Conn) error {
+			return ServeKV(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, false), query, cloudPassages, c)
+		})
+		// The device decodes the cloud's sequences as if it had prefilled
+		// them itself.
+		all := append(append([]decoder.Passage(nil), devicePassages...), cloudPassages...)
+		assert.Equal(t, local(aggregator.Device, all, false), sum.Tokens)
 	})
 
 	t.Run("sequence-wise", func(t *testing.T) {

@@ -356,6 +356,50 @@ func (c *Context) CopySeq(src, dst, p0, p1 int) error {
 	return nil
 }
 
+// stateMagic starts a fake sequence state.
+const stateMagic = "fake-seq-v1"
+
+// SeqState implements engine.Context: the sequence's tokens.
+func (c *Context) SeqState(seq int) ([]byte, error) {
+	if c.closed {
+		return nil, engine.ErrClosed
+	}
+	if seq < 0 || seq >= len(c.seqs) || c.lens.Len(seq) == 0 {
+		return nil, fmt.Errorf("%w: no state in sequence %d", engine.ErrInvalidInput, seq)
+	}
+	out := []byte(stateMagic)
+	for _, t := range c.seqs[seq][:c.lens.Len(seq)] {
+		out = binary.AppendUvarint(out, uint64(t))
+	}
+	return out, nil
+}
+
+// SetSeqState implements engine.Context.
+func (c *Context) SetSeqState(seq int, state []byte, n int) error {
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if !strings.HasPrefix(string(state), stateMagic) {
+		return fmt.Errorf("%w: not a fake sequence state", engine.ErrInvalidInput)
+	}
+	var toks []engine.Token
+	for b := state[len(stateMagic):]; len(b) > 0; {
+		v, k := binary.Uvarint(b)
+		if k <= 0 || v >= uint64(c.model.cfg.Vocab) {
+			return fmt.Errorf("%w: corrupt fake sequence state", engine.ErrInvalidInput)
+		}
+		toks, b = append(toks, engine.Token(v)), b[k:]
+	}
+	if len(toks) != n {
+		return fmt.Errorf("%w: a state of %d positions loaded as %d", engine.ErrInvalidInput, len(toks), n)
+	}
+	if err := c.lens.Load(seq, n); err != nil {
+		return err
+	}
+	c.seqs[seq] = toks
+	return nil
+}
+
 // Options implements engine.Context.
 func (c *Context) Options() engine.ContextOptions { return c.opts }
 

@@ -501,6 +501,43 @@ func (c *Context) Truncate(seq, pos int) error {
 	return nil
 }
 
+// SeqState implements engine.Context with llama.cpp's sequence state.
+func (c *Context) SeqState(seq int) ([]byte, error) {
+	if c.closed {
+		return nil, engine.ErrClosed
+	}
+	if seq < 0 || seq >= c.opts.MaxSeqs || c.lens.Len(seq) == 0 {
+		return nil, fmt.Errorf("%w: no state in sequence %d", engine.ErrInvalidInput, seq)
+	}
+	size := C.llama_state_seq_get_size(c.lc, C.llama_seq_id(seq))
+	buf := make([]byte, size)
+	n := C.llama_state_seq_get_data(c.lc, (*C.uint8_t)(unsafe.Pointer(&buf[0])), size, C.llama_seq_id(seq))
+	if n == 0 {
+		return nil, fmt.Errorf("llamacpp: could not save the state of sequence %d", seq)
+	}
+	return buf[:n], nil
+}
+
+// SetSeqState implements engine.Context.
+func (c *Context) SetSeqState(seq int, state []byte, n int) error {
+	if c.closed {
+		return engine.ErrClosed
+	}
+	if len(state) == 0 {
+		return fmt.Errorf("%w: empty sequence state", engine.ErrInvalidInput)
+	}
+	if err := c.lens.Load(seq, n); err != nil {
+		return err
+	}
+	read := C.llama_state_seq_set_data(c.lc, (*C.uint8_t)(unsafe.Pointer(&state[0])), C.size_t(len(state)), C.llama_seq_id(seq))
+	if read == 0 || int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq))) != n-1 {
+		C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), 0, -1)
+		_ = c.lens.Truncate(seq, 0)
+		return fmt.Errorf("%w: the state does not load as %d positions of sequence %d (another model, or other context options?)", engine.ErrInvalidInput, n, seq)
+	}
+	return nil
+}
+
 // CopySeq implements engine.Context. Without a unified KV cache, sequences
 // live in separate streams and only whole sequences can be copied.
 func (c *Context) CopySeq(src, dst, p0, p1 int) error {

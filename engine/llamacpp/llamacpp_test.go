@@ -416,3 +416,39 @@ func TestUnifiedHolesKeepLogits(t *testing.T) {
 	got := decodeFrom(c, b, 1, 6)        // b[6:] land in them, out of order
 	assert.LessOrEqual(t, maxAbsDiff(want, got), 1e-3)
 }
+
+// TestSeqStateMovesBetweenContexts: a sequence prefilled in one context
+// and loaded into another (DRCG/KV) continues exactly as the original.
+func TestSeqStateMovesBetweenContexts(t *testing.T) {
+	m := loadReal(t)
+	toks := tokens(t, m, passage)
+	ctx := context.Background()
+	opts := engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 2, BatchSize: 64}
+	src, dst := newCtx(t, m, opts), newCtx(t, m, opts)
+	_, err := engine.Prefill(ctx, src, 1, toks, nil)
+	require.NoError(t, err)
+	state, err := src.SeqState(1)
+	require.NoError(t, err)
+	require.NoError(t, dst.SetSeqState(0, state, len(toks)))
+	assert.Equal(t, len(toks), dst.SeqLen(0))
+
+	next := tokens(t, m, " The")
+	var b engine.Batch
+	b.Add(next[0], len(toks), true, 1)
+	require.NoError(t, src.Decode(ctx, &b))
+	want, err := src.Logits(0, nil)
+	require.NoError(t, err)
+	b.Reset()
+	b.Add(next[0], len(toks), true, 0)
+	require.NoError(t, dst.Decode(ctx, &b))
+	got, err := dst.Logits(0, nil)
+	require.NoError(t, err)
+	assert.LessOrEqual(t, maxAbsDiff(got, want), 1e-4)
+
+	assert.ErrorIs(t, dst.SetSeqState(0, state, len(toks)), engine.ErrInvalidInput, "the sequence is not empty")
+	assert.ErrorIs(t, dst.SetSeqState(1, state, len(toks)+3), engine.ErrInvalidInput, "wrong length")
+	assert.Zero(t, dst.SeqLen(1), "a failed load leaves the sequence empty")
+	assert.ErrorIs(t, dst.SetSeqState(1, []byte("garbage"), 4), engine.ErrInvalidInput)
+	_, err = dst.SeqState(1)
+	assert.ErrorIs(t, err, engine.ErrInvalidInput, "nothing to save")
+}
