@@ -93,7 +93,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, index, profile string) 
 	fs.IntVar(&f.limitToks, "max-tokens-limit", 512, "most tokens a request may ask for")
 	fs.IntVar(&f.maxPrompt, "max-prompt-bytes", 16<<10, "longest prompt a request may send")
 	fs.BoolVar(&f.noSpec, "no-spec", false, "turn local speculative decoding off")
-	f.grpc.RegisterFlags(fs, "")
+	f.grpc.RegisterFlags(fs, "") // --token may also come from $DRAGON_TOKEN
 }
 
 func (f *sideFlags) validate() error {
@@ -125,6 +125,9 @@ type side struct {
 func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
+	}
+	if f.grpc.Token == "" {
+		f.grpc.Token = os.Getenv("DRAGON_TOKEN") // kept off the command line, where ps shows it
 	}
 	mode, err := retrieval.ParseMode(f.retrieval)
 	if err != nil {

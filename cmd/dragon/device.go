@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
@@ -50,6 +51,9 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				Defaults: session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def},
 			}
 			if cloudAddr != "" {
+				if peer.Token == "" {
+					peer.Token = os.Getenv("DRAGON_CLOUD_TOKEN")
+				}
 				autoInsecure(&peer, cloudAddr)
 				opts, err := peer.DialOptions()
 				if err != nil {
@@ -79,6 +83,6 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
 	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")
 	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only or context")
-	peer.RegisterFlags(fs, "cloud-")
+	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd
 }
