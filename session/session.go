@@ -137,9 +137,11 @@ type Summary struct {
 	Accepted, Rejected, Stale, Aggregated [2]uint64
 	Switches                              uint64
 	BytesSent, BytesReceived              uint64
-	// This side's forward passes and local draft tokens accepted.
+	// This side's forward passes, local draft tokens accepted, and passes
+	// aborted because a rejection made their drafts stale.
 	ForwardPasses int
 	LocalAccepted uint64
+	AbortedPasses uint64
 	// RTT is the last round-trip estimate.
 	RTT time.Duration
 	// Trace, when Options.Record: decoding ms per token of each side (this
@@ -180,6 +182,7 @@ type run struct {
 
 	out       chan *dragonv1.PeerMessage
 	sent      atomic.Uint64
+	aborted   atomic.Uint64
 	received  uint64
 	senderErr chan error
 
@@ -368,15 +371,10 @@ func (r *run) send() {
 	}
 }
 
-func (r *run) enqueue(m *dragonv1.PeerMessage) {
-	select {
-	case r.out <- m:
-	default:
-		// The sender is behind (a slow link); wait for it rather than drop
-		// a message the peer needs.
-		r.out <- m
-	}
-}
+// enqueue hands m to the sender. When the sender is behind (a slow link)
+// it waits rather than drop a message the peer needs; a sender that failed
+// keeps draining, so this never blocks for good.
+func (r *run) enqueue(m *dragonv1.PeerMessage) { r.out <- m }
 
 func (r *run) handle(m *dragonv1.PeerMessage) error {
 	r.received += uint64(proto.Size(m))
@@ -587,6 +585,7 @@ func (r *run) fillSummary() {
 	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received
 	s.ForwardPasses = r.dec.Steps()
 	s.LocalAccepted = r.dec.SpecStats().AcceptedTokens
+	s.AbortedPasses = r.aborted.Load()
 	s.RTT = time.Duration(r.est.RTTMS() * float64(time.Millisecond))
 }
 
@@ -667,6 +666,11 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 				if ctx.Err() != nil {
 					return nil
 				}
+				r.mu.Lock()
+				if r.pending != nil {
+					r.aborted.Add(1)
+				}
+				r.mu.Unlock()
 				continue // a rollback or the end
 			}
 			return err

@@ -202,6 +202,7 @@ func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
 	assert.Equal(t, tw.Tokens, dev.Tokens)
 	assert.Equal(t, dev.Tokens, cld.Tokens)
 	assert.Positive(t, dev.Rejected[0]+dev.Rejected[1], "the sides disagreed at times")
+	assert.Positive(t, dev.AbortedPasses+cld.AbortedPasses, "rejections stopped passes in flight")
 
 	other, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sampling.Params{Temperature: 0.9, Seed: 78}})
 	assert.NotEqual(t, tw.Tokens, other.Tokens, "another seed, another answer")

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"slices"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/profiler"
@@ -395,17 +394,4 @@ func mean(xs []float64) float64 {
 		s += x
 	}
 	return s / float64(len(xs))
-}
-
-// Median of xs (NaN when empty).
-func Median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	ys := slices.Clone(xs)
-	slices.Sort(ys)
-	if len(ys)%2 == 1 {
-		return ys[len(ys)/2]
-	}
-	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
 }

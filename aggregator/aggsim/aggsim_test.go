@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/internal/timing"
 )
 
 // constTrace decodes in fixed times; acceptance follows a Bernoulli draw
@@ -55,7 +56,7 @@ func TestTable1(t *testing.T) {
 		}
 		res, err := Run(Config{Steps: 400, Trace: tr, Link: Constant(oneWay), Scheduler: static(aggregator.Device)})
 		require.NoError(t, err, name)
-		assert.InDelta(t, c.want, Median(res.Intervals[50:]), c.want*0.02, name)
+		assert.InDelta(t, c.want, timing.Median(res.Intervals[50:]), c.want*0.02, name)
 		assert.Zero(t, res.Switches)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/aggregator/aggsim"
+	"github.com/dragon-rag/dragon/internal/timing"
 )
 
 // Options of a comparison.
@@ -126,10 +127,10 @@ func Run(o Options) (Result, error) {
 				res.PerTokenMS[st.String()] = map[string]float64{}
 				res.Switches[st.String()] = map[string]float64{}
 			}
-			res.PerTokenMS[st.String()][key] = aggsim.Median(per[st])
-			res.Switches[st.String()][key] = aggsim.Median(sw[st])
+			res.PerTokenMS[st.String()][key] = timing.Median(per[st])
+			res.Switches[st.String()][key] = timing.Median(sw[st])
 		}
-		res.TokenWiseMS[key] = aggsim.Median(tw)
+		res.TokenWiseMS[key] = timing.Median(tw)
 	}
 	return res, nil
 }

@@ -1,0 +1,133 @@
+package device
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/fake"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+)
+
+// recorder is a DeviceService_GenerateServer that keeps what is sent.
+type recorder struct {
+	grpc.ServerStream
+	ctx  context.Context
+	sent []*dragonv1.GenerateResponse
+}
+
+func (r *recorder) Send(m *dragonv1.GenerateResponse) error { r.sent = append(r.sent, m); return nil }
+func (r *recorder) Context() context.Context                { return r.ctx }
+
+func (r *recorder) text() string {
+	s := ""
+	for _, m := range r.sent {
+		s += m.GetChunk().GetText()
+	}
+	return s
+}
+
+func toks(t *testing.T, m engine.Model, s string) []engine.Token {
+	out, err := m.Tokenize(s, false, false)
+	require.NoError(t, err)
+	return out
+}
+
+// TestChunkerStopStrings: text that may begin a stop string is held back
+// until it cannot, and the answer ends where the stop string starts.
+func TestChunkerStopStrings(t *testing.T) {
+	m := fake.New(fake.Config{Vocab: 300})
+	cases := []struct {
+		name, text string
+		stop       []string
+		want       string
+		stopped    bool
+	}{
+		{"no stop", "hello world", nil, "hello world", false},
+		{"stop in the middle", "hello END world", []string{"END"}, "hello ", true},
+		{"near miss is released", "hello ENx world", []string{"END"}, "hello ENx world", false},
+		{"earliest of two", "a.b;c", []string{";", "."}, "a", true},
+		{"multi-byte text", "héllo wörld", nil, "héllo wörld", false},
+	}
+	for _, c := range cases {
+		rec := &recorder{ctx: context.Background()}
+		ch := newChunker(m, c.stop, rec)
+		stopped := false
+		for i, tok := range toks(t, m, c.text) {
+			s, err := ch.emit(i, tok)
+			require.NoError(t, err)
+			if s {
+				stopped = true
+				break
+			}
+			// Nothing sent may run into a stop string.
+			for _, stop := range c.stop {
+				assert.NotContains(t, rec.text(), stop, c.name)
+			}
+		}
+		require.NoError(t, ch.flush())
+		assert.Equal(t, c.want, rec.text(), c.name)
+		assert.Equal(t, c.want, ch.text.String(), c.name)
+		assert.Equal(t, c.stopped, stopped, c.name)
+	}
+}
+
+// TestGenerateDeviceOnlyAndRefusals: a device without a cloud answers
+// device-only requests, streams chunks and a summary, and refuses what it
+// cannot serve with the right status.
+func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 3, Vocab: 300})
+	srv, err := New(Config{
+		Model: m, Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits:   session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100},
+		Defaults: session.Defaults{MaxTokens: 16, Mode: dragonv1.Mode_MODE_DEVICE_ONLY},
+	})
+	require.NoError(t, err)
+	defer srv.Close()
+	rec := &recorder{ctx: context.Background()}
+	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+	last := rec.sent[len(rec.sent)-1].GetSummary()
+	require.NotNil(t, last)
+	assert.Equal(t, dragonv1.Mode_MODE_DEVICE_ONLY, last.GetMode())
+	assert.Equal(t, rec.text(), last.GetText())
+	assert.LessOrEqual(t, last.GetTokens(), uint32(16))
+	assert.Positive(t, last.GetTokens())
+
+	for name, c := range map[string]struct {
+		req  *dragonv1.GenerateRequest
+		code codes.Code
+	}{
+		"needs the cloud":      {&dragonv1.GenerateRequest{Prompt: "hi", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}, codes.FailedPrecondition},
+		"empty prompt":         {&dragonv1.GenerateRequest{}, codes.InvalidArgument},
+		"oversized prompt":     {&dragonv1.GenerateRequest{Prompt: string(make([]byte, 101))}, codes.InvalidArgument},
+		"too many tokens":      {&dragonv1.GenerateRequest{Prompt: "hi", Sampling: &dragonv1.SamplingParams{MaxTokens: 65}}, codes.InvalidArgument},
+		"too many passages":    {&dragonv1.GenerateRequest{Prompt: "hi", PassagesDevice: 3}, codes.InvalidArgument},
+		"negative temperature": {&dragonv1.GenerateRequest{Prompt: "hi", Sampling: &dragonv1.SamplingParams{Temperature: -1}}, codes.InvalidArgument},
+		"empty stop string":    {&dragonv1.GenerateRequest{Prompt: "hi", Sampling: &dragonv1.SamplingParams{Stop: []string{""}}}, codes.InvalidArgument},
+		"unknown strategy":     {&dragonv1.GenerateRequest{Prompt: "hi", Strategy: 9}, codes.InvalidArgument},
+	} {
+		err := srv.Generate(c.req, &recorder{ctx: context.Background()})
+		assert.Equal(t, c.code, status.Code(err), "%s: %v", name, err)
+	}
+
+	// One generation at a time.
+	srv.busy <- struct{}{}
+	err = srv.Generate(&dragonv1.GenerateRequest{Prompt: "hi"}, &recorder{ctx: context.Background()})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	<-srv.busy
+
+	h, err := srv.Health(context.Background(), &dragonv1.HealthRequest{})
+	require.NoError(t, err)
+	assert.False(t, h.GetCloudConnected())
+	st, err := srv.Stats(context.Background(), &dragonv1.StatsRequest{})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), st.GetGenerations())
+}
