@@ -8,14 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
-	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
@@ -24,15 +22,7 @@ import (
 
 // Config configures the cloud side.
 type Config struct {
-	Model   engine.Model
-	Decoder decoder.Options
-	// Retriever searches the cloud's corpus; nil: no passages.
-	Retriever session.Retriever
-	Limits    session.Limits
-	Defaults  session.Defaults
-	// Fit is this side's decoding-latency fit, sent at handshake.
-	Fit profiler.DecodeFit
-	Log *slog.Logger
+	session.SideConfig
 }
 
 // Server serves dragon.v1.PeerService.
@@ -46,17 +36,10 @@ type Server struct {
 
 // New loads the decoder the server generates with.
 func New(cfg Config) (*Server, error) {
-	if cfg.Model == nil {
-		return nil, errors.New("cloud: no model")
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	dec, err := decoder.New(cfg.Model, cfg.Decoder)
+	dec, hello, err := cfg.Open(aggregator.Cloud)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cloud: %w", err)
 	}
-	hello := session.NewHello(cfg.Model.Info(), aggregator.Cloud, cfg.Fit)
 	return &Server{cfg: cfg, hello: hello, dec: dec, busy: make(chan struct{}, 1)}, nil
 }
 
@@ -96,11 +79,9 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	opts := req.Options(aggregator.Cloud, id)
 	opts.Fits = [2]profiler.DecodeFit{session.FitFromHello(peer), s.cfg.Fit}
 	opts.Log = log
-	var passages []decoder.Passage
-	if s.cfg.Retriever != nil {
-		if passages, err = s.cfg.Retriever.Retrieve(ctx, req.Query, req.PassagesCloud); err != nil {
-			return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
-		}
+	passages, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesCloud)
+	if err != nil {
+		return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
 	}
 	s.dec.SetSystem(req.System)
 	log.Debug("cloud session", "passages", len(passages))

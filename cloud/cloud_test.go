@@ -28,8 +28,8 @@ type stream struct {
 func (stream) Context() context.Context { return context.Background() }
 
 func newServer(t *testing.T) *Server {
-	s, err := New(Config{Model: fake.New(fake.Config{Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
-		Limits: session.Limits{MaxTokens: 32, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 8}})
+	s, err := New(Config{SideConfig: session.SideConfig{Model: fake.New(fake.Config{Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 32, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 8}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s

@@ -7,7 +7,7 @@ package device
 import (
 	"context"
 	"errors"
-	"log/slog"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -30,17 +30,9 @@ import (
 
 // Config configures the device side.
 type Config struct {
-	Model   engine.Model
-	Decoder decoder.Options
-	// Retriever searches the user's corpus; nil: no passages.
-	Retriever session.Retriever
+	session.SideConfig
 	// Peer reaches the cloud; nil: only device-only generations.
-	Peer     dragonv1.PeerServiceClient
-	Limits   session.Limits
-	Defaults session.Defaults
-	// Fit is this side's decoding-latency fit, sent at handshake.
-	Fit profiler.DecodeFit
-	Log *slog.Logger
+	Peer dragonv1.PeerServiceClient
 }
 
 // Server serves dragon.v1.DeviceService.
@@ -59,17 +51,10 @@ type Server struct {
 
 // New loads the decoder the server generates with.
 func New(cfg Config) (*Server, error) {
-	if cfg.Model == nil {
-		return nil, errors.New("device: no model")
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
-	}
-	dec, err := decoder.New(cfg.Model, cfg.Decoder)
+	dec, hello, err := cfg.Open(aggregator.Device)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("device: %w", err)
 	}
-	hello := session.NewHello(cfg.Model.Info(), aggregator.Device, cfg.Fit)
 	s := &Server{cfg: cfg, hello: hello, dec: dec, busy: make(chan struct{}, 1), start: time.Now()}
 	s.ids.Store(rand.Uint64())
 	return s, nil
@@ -127,10 +112,7 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 
 func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
 	retrieve := func() ([]decoder.Passage, error) {
-		if s.cfg.Retriever == nil {
-			return nil, nil
-		}
-		ps, err := s.cfg.Retriever.Retrieve(ctx, req.Query, req.PassagesDevice)
+		ps, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesDevice)
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "device retrieval: %v", err)
 		}

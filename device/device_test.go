@@ -85,11 +85,11 @@ func TestChunkerStopStrings(t *testing.T) {
 // cannot serve with the right status.
 func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
 	m := fake.New(fake.Config{Seed: 3, Vocab: 300})
-	srv, err := New(Config{
+	srv, err := New(Config{SideConfig: session.SideConfig{
 		Model: m, Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
 		Limits:   session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100},
 		Defaults: session.Defaults{MaxTokens: 16, Mode: dragonv1.Mode_MODE_DEVICE_ONLY},
-	})
+	}})
 	require.NoError(t, err)
 	defer srv.Close()
 	rec := &recorder{ctx: context.Background()}

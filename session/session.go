@@ -249,8 +249,7 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 func (r *run) run(ctx context.Context, query string, passages []decoder.Passage) (Summary, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	inbox := make(chan inbound, 64)
-	go r.receive(ctx, inbox)
+	inbox := messages(ctx, r.conn)
 	senderDone := make(chan struct{})
 	go func() {
 		defer close(senderDone)
@@ -338,21 +337,6 @@ func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burs
 		}
 	}
 	return nil
-}
-
-// receive forwards the peer's messages until the stream ends.
-func (r *run) receive(ctx context.Context, inbox chan<- inbound) {
-	for {
-		m, err := r.conn.Recv()
-		select {
-		case inbox <- inbound{m, err}:
-		case <-ctx.Done():
-			return
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // send is the only goroutine that calls conn.Send.

@@ -169,16 +169,23 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	return res, errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
 }
 
-// ask runs one greedy generation and its per-token latency: the device's
-// mean time per token after the first.
-func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, mode dragonv1.Mode, maxTokens int) (answer, error) {
+// Answer is one streamed generation.
+type Answer struct {
+	Tokens  []int32
+	Text    string
+	Summary *dragonv1.GenerateSummary
+}
+
+// Ask runs one generation through a device daemon and collects the chunks
+// and the summary; chunks out of order or a missing summary are errors.
+func Ask(ctx context.Context, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateRequest) (Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	stream, err := c.Generate(ctx, &dragonv1.GenerateRequest{Prompt: q, Mode: mode, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+	stream, err := c.Generate(ctx, req)
 	if err != nil {
-		return answer{}, err
+		return Answer{}, err
 	}
-	var a answer
+	var a Answer
 	for {
 		m, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -187,14 +194,29 @@ func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, mode dra
 		if err != nil {
 			return a, err
 		}
-		a.tokens = append(a.tokens, m.GetChunk().GetTokens()...)
+		if ch := m.GetChunk(); ch != nil {
+			if ch.GetStep() != uint64(len(a.Tokens)) {
+				return a, fmt.Errorf("chunk of step %d after %d tokens", ch.GetStep(), len(a.Tokens))
+			}
+			a.Tokens = append(a.Tokens, ch.GetTokens()...)
+			a.Text += ch.GetText()
+		}
 		if s := m.GetSummary(); s != nil {
-			a.summary = s
+			a.Summary = s
 		}
 	}
-	if a.summary == nil {
-		return a, errors.New("no summary")
+	if a.Summary == nil {
+		return a, errors.New("the device ended the answer without a summary")
 	}
-	a.perToken = timing.MS(a.summary.GetTokenLatencyMean().AsDuration())
 	return a, nil
+}
+
+// ask runs one greedy generation and its per-token latency: the device's
+// mean time per token after the first.
+func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, mode dragonv1.Mode, maxTokens int) (answer, error) {
+	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: mode, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{tokens: a.Tokens, summary: a.Summary, perToken: timing.MS(a.Summary.GetTokenLatencyMean().AsDuration())}, nil
 }

@@ -29,10 +29,9 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer s.close()
-			srv, err := cloud.New(cloud.Config{
-				Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log,
-				Defaults: session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages},
-			})
+			cfg := s.config(log)
+			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages}
+			srv, err := cloud.New(cloud.Config{SideConfig: cfg})
 			if err != nil {
 				return err
 			}

@@ -167,6 +167,11 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	return s, nil
 }
 
+// config is the session configuration of what was loaded.
+func (s *side) config(log *slog.Logger) session.SideConfig {
+	return session.SideConfig{Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log}
+}
+
 // autoInsecure lets a daemon or client on loopback run without TLS when
 // nothing about TLS was configured: traffic that never leaves the machine
 // gains nothing from it, and the demo then needs no flags. Anything else

@@ -46,10 +46,8 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				return err
 			}
 			defer s.close()
-			cfg := device.Config{
-				Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log,
-				Defaults: session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def},
-			}
+			cfg := device.Config{SideConfig: s.config(log)}
+			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def}
 			if cloudAddr != "" {
 				if peer.Token == "" {
 					peer.Token = os.Getenv("DRAGON_CLOUD_TOKEN")

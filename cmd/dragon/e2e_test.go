@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"testing"
@@ -78,39 +76,9 @@ func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *a
 	return dragonv1.NewDeviceServiceClient(conn), dev, cld
 }
 
-// answer is one streamed generation.
-type answer struct {
-	tokens  []int32
-	text    string
-	summary *dragonv1.GenerateSummary
-}
-
-func ask(t *testing.T, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateRequest) (answer, error) {
+func ask(t *testing.T, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateRequest) (aggbench.Answer, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	stream, err := c.Generate(ctx, req)
-	if err != nil {
-		return answer{}, err
-	}
-	var a answer
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return a, nil
-		}
-		if err != nil {
-			return a, err
-		}
-		if ch := m.GetChunk(); ch != nil {
-			require.Equal(t, uint64(len(a.tokens)), ch.GetStep(), "chunks in order")
-			a.tokens = append(a.tokens, ch.GetTokens()...)
-			a.text += ch.GetText()
-		}
-		if s := m.GetSummary(); s != nil {
-			a.summary = s
-		}
-	}
+	return aggbench.Ask(context.Background(), c, req)
 }
 
 // TestTwoDaemonsAnswer: a cloud and a device process answer a question
@@ -119,13 +87,13 @@ func TestTwoDaemonsAnswer(t *testing.T) {
 	client, dev, cld := pair(t, 0)
 	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 32}})
 	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-	s := a.summary
+	s := a.Summary
 	require.NotNil(t, s)
-	t.Logf("%q\n%v", a.text, s)
-	assert.NotEmpty(t, strings.TrimSpace(a.text))
-	assert.Equal(t, s.GetText(), a.text)
+	t.Logf("%q\n%v", a.Text, s)
+	assert.NotEmpty(t, strings.TrimSpace(a.Text))
+	assert.Equal(t, s.GetText(), a.Text)
 	assert.Equal(t, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, s.GetMode())
-	assert.Equal(t, uint32(len(a.tokens)), s.GetTokens())
+	assert.Equal(t, uint32(len(a.Tokens)), s.GetTokens())
 	assert.Equal(t, uint32(2), s.GetPassagesDevice())
 	assert.Equal(t, uint32(2), s.GetPassagesCloud())
 	assert.Positive(t, s.GetBytesSent())
@@ -133,7 +101,7 @@ func TestTwoDaemonsAnswer(t *testing.T) {
 	assert.Positive(t, s.GetAcceptanceRateDevice()+s.GetAcceptanceRateCloud(), "drafts were accepted")
 	assert.Positive(t, s.GetTtft().AsDuration())
 	decided := s.GetStepsAggregatedDevice() + s.GetStepsAggregatedCloud()
-	assert.GreaterOrEqual(t, decided, uint64(len(a.tokens)), "every token was decided by an aggregator")
+	assert.GreaterOrEqual(t, decided, uint64(len(a.Tokens)), "every token was decided by an aggregator")
 
 	// Bad input is refused with the right status, and the daemon serves on.
 	for name, req := range map[string]*dragonv1.GenerateRequest{
@@ -148,7 +116,7 @@ func TestTwoDaemonsAnswer(t *testing.T) {
 	}
 	a, err = ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
 	require.NoError(t, err)
-	assert.NotEmpty(t, a.tokens, "still serving")
+	assert.NotEmpty(t, a.Tokens, "still serving")
 }
 
 // TestRealGreedyDragonEqualsTokenWise: on the real model, over a link of
@@ -167,12 +135,12 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
 		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
 		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		require.NotEmpty(t, tw.tokens, "question %d", i)
-		assert.Equal(t, tw.tokens, dr.tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.text, dr.text)
-		switches += dr.summary.GetAggregatorSwitches()
-		stale += dr.summary.GetStaleDrafts()
-		t.Logf("%d: %d tokens, %d switches, %d stale drafts, acceptance %.2f/%.2f: %q", i, len(dr.tokens),
-			dr.summary.GetAggregatorSwitches(), dr.summary.GetStaleDrafts(), dr.summary.GetAcceptanceRateDevice(), dr.summary.GetAcceptanceRateCloud(), dr.text)
+		require.NotEmpty(t, tw.Tokens, "question %d", i)
+		assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+		switches += dr.Summary.GetAggregatorSwitches()
+		stale += dr.Summary.GetStaleDrafts()
+		t.Logf("%d: %d tokens, %d switches, %d stale drafts, acceptance %.2f/%.2f: %q", i, len(dr.Tokens),
+			dr.Summary.GetAggregatorSwitches(), dr.Summary.GetStaleDrafts(), dr.Summary.GetAcceptanceRateDevice(), dr.Summary.GetAcceptanceRateCloud(), dr.Text)
 	}
 	assert.Greater(t, switches, uint32(10), "the aggregator moved")
 }
