@@ -200,6 +200,9 @@ type run struct {
 	decided    uint64
 	pending    *aggregator.Rollback
 	stopped    bool
+	// stopProd cancels the producer's context: its prefill, its pass in
+	// flight and any wait, including a burst the core no longer reads.
+	stopProd context.CancelFunc
 	cancelPass context.CancelFunc
 }
 
@@ -259,9 +262,11 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 	fail := make(chan error, 1)
 	var wg sync.WaitGroup
 	wg.Add(1)
+	pctx, stopProd := context.WithCancel(ctx)
+	r.stopProd = stopProd
 	go func() {
 		defer wg.Done()
-		if err := r.produce(ctx, query, passages, bursts); err != nil {
+		if err := r.produce(pctx, query, passages, bursts); err != nil {
 			fail <- err
 		}
 	}()
@@ -551,11 +556,8 @@ func (r *run) signal() {
 func (r *run) stopProducer() {
 	r.mu.Lock()
 	r.stopped = true
-	if r.cancelPass != nil {
-		r.cancelPass()
-	}
 	r.mu.Unlock()
-	r.signal()
+	r.stopProd()
 }
 
 func (r *run) fillSummary() {
