@@ -151,6 +151,18 @@ func argmax(s *codec.Sparse) int32 {
 	return s.Tokens[best]
 }
 
+// secondChoice is the most probable token of s other than tok (-1 when s
+// has no other), the lowest id on ties.
+func secondChoice(s *codec.Sparse, tok int32) int32 {
+	best, bestP := int32(-1), float32(-1)
+	for i, p := range s.Probs {
+		if s.Tokens[i] != tok && p > bestP {
+			best, bestP = s.Tokens[i], p
+		}
+	}
+	return best
+}
+
 // drawU is the inverse-CDF sample of s at u.
 func drawU(s *codec.Sparse, u float64) int32 {
 	var total float64

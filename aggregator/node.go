@@ -134,6 +134,10 @@ type Stats struct {
 	// were dropped; late ones reached this Node after it handed the
 	// aggregator over (their side still holds them).
 	Stale, Late uint64
+	// SecondChoice counts rejections, decided on this Node, whose target
+	// was the rejected side's second most probable token: those a hedge
+	// (the side's runner-up, decoded ahead) would have caught.
+	SecondChoice uint64
 }
 
 // sideState is what a Node knows of one side's drafts.
@@ -277,6 +281,9 @@ func (n *Node) decide() []Action {
 				st.queue = st.queue[1:]
 			} else {
 				st.stats.Rejected++
+				if secondChoice(&p.draft[i].dist, p.draft[i].token) == target {
+					st.stats.SecondChoice++
+				}
 				st.epoch++
 				st.expect = n.next + 1
 				st.queue = st.queue[:0]

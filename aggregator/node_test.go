@@ -256,3 +256,28 @@ func TestSideNames(t *testing.T) {
 	_, err = New(Config{Self: 0, Aggregator: Device})
 	assert.Error(t, err)
 }
+
+// TestSecondChoiceCounted: a rejection whose target is the rejected side's
+// runner-up is counted (what a one-token hedge would have caught).
+func TestSecondChoiceCounted(t *testing.T) {
+	n := newNode(t, Device, Device)
+	p, err := NewProposer(Device, 1, true, 1)
+	require.NoError(t, err)
+	dist := make([]float32, vocab)
+	dist[tokB], dist[tokA], dist[tokC] = 0.5, 0.3, 0.2
+	d, err := p.Propose(dist, 0, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, tokB, d.Token())
+	step(t, n, LocalDrafts{Drafts: []Draft{d}})
+	vs := verdictsOf(step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA)}}))
+	require.Len(t, vs, 1)
+	require.Equal(t, tokA, vs[0].Target)
+	assert.Equal(t, uint64(1), n.Stats(Device).SecondChoice)
+
+	d, err = p.Propose(dist, 1, 1, 0)
+	require.NoError(t, err)
+	step(t, n, LocalDrafts{Drafts: []Draft{d}})
+	step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 1, 0, tokC)}})
+	assert.Equal(t, uint64(2), n.Stats(Device).Rejected)
+	assert.Equal(t, uint64(1), n.Stats(Device).SecondChoice, "the third choice is not counted")
+}

@@ -227,6 +227,8 @@ func (s *Server) summarize(req session.Request, sum session.Summary, text string
 		StepsAggregatedDevice: sum.Aggregated[0], StepsAggregatedCloud: sum.Aggregated[1],
 		ForwardPassesDevice: uint64(sum.ForwardPasses), LocalDraftTokensAcceptedDevice: sum.LocalAccepted,
 		PassagesDevice: uint32(req.PassagesDevice), PassagesCloud: uint32(req.PassagesCloud),
+		SecondChoiceDevice: sum.SecondChoice[0], SecondChoiceCloud: sum.SecondChoice[1],
+		RejectedDevice: sum.Rejected[0], RejectedCloud: sum.Rejected[1],
 	}
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		out.PassagesCloud = 0

@@ -79,7 +79,10 @@ func (b *bm25Index) apply(add []*Passage, del []uint64) error {
 		if err := b.idx.Batch(batch); err != nil {
 			return fmt.Errorf("bleve batch: %w", err)
 		}
-		batch.Reset()
+		// A fresh batch, not Reset: scorch's Batch leaves a goroutine
+		// reading the old one's operations after it returns (the race
+		// detector caught Reset writing them).
+		batch = b.idx.NewBatch()
 		return nil
 	}
 	for _, id := range del {

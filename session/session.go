@@ -133,8 +133,9 @@ type Summary struct {
 	// modes whose answer arrives all at once (sequence-wise).
 	FirstLocal time.Time
 	// By side (device, cloud): drafts accepted and rejected, stale drafts
-	// dropped here, steps decided on that side.
-	Accepted, Rejected, Stale, Aggregated [2]uint64
+	// dropped here, steps decided on that side, and rejections decided here
+	// whose target was the side's second choice.
+	Accepted, Rejected, Stale, Aggregated, SecondChoice [2]uint64
 	Switches                              uint64
 	BytesSent, BytesReceived              uint64
 	// This side's forward passes, local draft tokens accepted, and passes
@@ -565,7 +566,7 @@ func (r *run) fillSummary() {
 	s.Finish = r.finish
 	for i, side := range aggregator.Sides {
 		st := r.node.Stats(side)
-		s.Accepted[i], s.Rejected[i], s.Stale[i] = st.Accepted, st.Rejected, st.Stale
+		s.Accepted[i], s.Rejected[i], s.Stale[i], s.SecondChoice[i] = st.Accepted, st.Rejected, st.Stale, st.SecondChoice
 	}
 	s.Switches = r.node.Handovers()
 	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received

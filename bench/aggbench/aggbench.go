@@ -58,6 +58,10 @@ type Result struct {
 	Acceptance map[string]float64 `json:"acceptance"`
 	// Switches is the median number of aggregator moves per dragon answer.
 	Switches float64 `json:"switches"`
+	// SecondChoice is, for each side, the share of its rejected drafts (in
+	// dragon runs, decided on the device) whose target was the side's
+	// second most probable token: what a one-token hedge would catch.
+	SecondChoice map[string]float64 `json:"second_choice"`
 	// GreedyIdentical counts (question, latency) pairs where greedy dragon
 	// and greedy tw gave the same tokens, out of GreedyPrompts.
 	GreedyIdentical int      `json:"greedy_identical"`
@@ -113,6 +117,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 
 	res := Result{PerTokenMS: map[string]map[string]float64{}, TTFTMS: map[string]map[string]float64{}, Acceptance: map[string]float64{}, Questions: len(o.Questions)}
 	var accDev, accCloud, switches, tokens []float64
+	var second, rejected [2]uint64
 	for _, lat := range o.LatencyMS {
 		key := strconv.FormatFloat(lat, 'f', -1, 64)
 		shape := netsim.Shape{Latency: time.Duration(lat * float64(time.Millisecond)), Jitter: time.Duration(lat / 5 * float64(time.Millisecond))}
@@ -138,6 +143,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					accDev = append(accDev, a.summary.GetAcceptanceRateDevice())
 					accCloud = append(accCloud, a.summary.GetAcceptanceRateCloud())
 					switches = append(switches, float64(a.summary.GetAggregatorSwitches()))
+					second[0] += a.summary.GetSecondChoiceDevice()
+					second[1] += a.summary.GetSecondChoiceCloud()
+					rejected[0] += a.summary.GetRejectedDevice()
+					rejected[1] += a.summary.GetRejectedCloud()
 					tokens = append(tokens, float64(len(a.tokens)))
 				}
 				o.Log("L=%v %-11s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms", lat, m.Name, qi, len(a.tokens), a.perToken, timing.MS(a.summary.GetTtft().AsDuration()))
@@ -165,6 +174,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.Acceptance["device"] = timing.Median(accDev)
 	res.Acceptance["cloud"] = timing.Median(accCloud)
 	res.Switches = timing.Median(switches)
+	res.SecondChoice = map[string]float64{}
+	for i, side := range []string{"device", "cloud"} {
+		if rejected[i] > 0 {
+			res.SecondChoice[side] = float64(second[i]) / float64(rejected[i])
+		}
+	}
 	res.Tokens = timing.Median(tokens)
 	return res, errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
 }

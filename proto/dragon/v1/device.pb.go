@@ -405,9 +405,17 @@ type GenerateSummary struct {
 	ForwardPassesDevice            uint64 `protobuf:"varint,21,opt,name=forward_passes_device,json=forwardPassesDevice,proto3" json:"forward_passes_device,omitempty"`
 	LocalDraftTokensAcceptedDevice uint64 `protobuf:"varint,22,opt,name=local_draft_tokens_accepted_device,json=localDraftTokensAcceptedDevice,proto3" json:"local_draft_tokens_accepted_device,omitempty"`
 	// The trace, when the request asked for one.
-	Trace         *Trace `protobuf:"bytes,23,opt,name=trace,proto3" json:"trace,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Trace *Trace `protobuf:"bytes,23,opt,name=trace,proto3" json:"trace,omitempty"`
+	// Rejected drafts of each side whose target was that side's second most
+	// probable token (what a one-token hedge would have caught), counted on
+	// the side that decided them.
+	SecondChoiceDevice uint64 `protobuf:"varint,24,opt,name=second_choice_device,json=secondChoiceDevice,proto3" json:"second_choice_device,omitempty"`
+	SecondChoiceCloud  uint64 `protobuf:"varint,25,opt,name=second_choice_cloud,json=secondChoiceCloud,proto3" json:"second_choice_cloud,omitempty"`
+	// Drafts of each side rejected.
+	RejectedDevice uint64 `protobuf:"varint,26,opt,name=rejected_device,json=rejectedDevice,proto3" json:"rejected_device,omitempty"`
+	RejectedCloud  uint64 `protobuf:"varint,27,opt,name=rejected_cloud,json=rejectedCloud,proto3" json:"rejected_cloud,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateSummary) Reset() {
@@ -599,6 +607,34 @@ func (x *GenerateSummary) GetTrace() *Trace {
 		return x.Trace
 	}
 	return nil
+}
+
+func (x *GenerateSummary) GetSecondChoiceDevice() uint64 {
+	if x != nil {
+		return x.SecondChoiceDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetSecondChoiceCloud() uint64 {
+	if x != nil {
+		return x.SecondChoiceCloud
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetRejectedDevice() uint64 {
+	if x != nil {
+		return x.RejectedDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetRejectedCloud() uint64 {
+	if x != nil {
+		return x.RejectedCloud
+	}
+	return 0
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1003,7 +1039,8 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"TokenChunk\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"\xed\b\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\x9f\n" +
+	"\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1029,7 +1066,11 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x16steps_aggregated_cloud\x18\x14 \x01(\x04R\x14stepsAggregatedCloud\x122\n" +
 	"\x15forward_passes_device\x18\x15 \x01(\x04R\x13forwardPassesDevice\x12J\n" +
 	"\"local_draft_tokens_accepted_device\x18\x16 \x01(\x04R\x1elocalDraftTokensAcceptedDevice\x12&\n" +
-	"\x05trace\x18\x17 \x01(\v2\x10.dragon.v1.TraceR\x05trace\"\xa1\x01\n" +
+	"\x05trace\x18\x17 \x01(\v2\x10.dragon.v1.TraceR\x05trace\x120\n" +
+	"\x14second_choice_device\x18\x18 \x01(\x04R\x12secondChoiceDevice\x12.\n" +
+	"\x13second_choice_cloud\x18\x19 \x01(\x04R\x11secondChoiceCloud\x12'\n" +
+	"\x0frejected_device\x18\x1a \x01(\x04R\x0erejectedDevice\x12%\n" +
+	"\x0erejected_cloud\x18\x1b \x01(\x04R\rrejectedCloud\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
