@@ -136,8 +136,8 @@ type Summary struct {
 	// dropped here, steps decided on that side, and rejections decided here
 	// whose target was the side's second choice.
 	Accepted, Rejected, Stale, Aggregated, SecondChoice [2]uint64
-	Switches                              uint64
-	BytesSent, BytesReceived              uint64
+	Switches                                            uint64
+	BytesSent, BytesReceived                            uint64
 	// This side's forward passes, local draft tokens accepted, and passes
 	// aborted because a rejection made their drafts stale.
 	ForwardPasses int
@@ -196,14 +196,14 @@ type run struct {
 	heldFrom uint64
 
 	// Shared with the producer goroutine.
-	mu         sync.Mutex
-	wake       chan struct{}
-	decided    uint64
-	pending    *aggregator.Rollback
-	stopped    bool
+	mu      sync.Mutex
+	wake    chan struct{}
+	decided uint64
+	pending *aggregator.Rollback
+	stopped bool
 	// stopProd cancels the producer's context: its prefill, its pass in
 	// flight and any wait, including a burst the core no longer reads.
-	stopProd context.CancelFunc
+	stopProd   context.CancelFunc
 	cancelPass context.CancelFunc
 }
 
