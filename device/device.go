@@ -33,6 +33,9 @@ type Config struct {
 	session.SideConfig
 	// Peer reaches the cloud; nil: only device-only generations.
 	Peer dragonv1.PeerServiceClient
+	// StallTimeout: a generation whose cloud decides no step for this long
+	// goes on alone (0: 10 s).
+	StallTimeout time.Duration
 }
 
 // Server serves dragon.v1.DeviceService.
@@ -89,7 +92,7 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 
-	sum, err := s.generate(ctx, req, opts, out.emit)
+	sum, err := s.generate(ctx, req, opts, out)
 	if err != nil {
 		log.Warn("generation failed", "err", err)
 		return toStatus(ctx, err)
@@ -98,6 +101,9 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 		return err
 	}
 	summary := s.summarize(req, sum, out.text.String(), start)
+	if out.fellBack {
+		summary.Fallback, summary.FallbackStep, summary.FallbackReason = true, uint32(out.fallbackStep), out.fallbackReason
+	}
 	s.track(func(st *dragonv1.StatsResponse) {
 		st.Tokens += uint64(len(sum.Tokens))
 		st.AggregatorSwitches += sum.Switches
@@ -110,23 +116,46 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 	return stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Summary{Summary: summary}})
 }
 
-func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
-	retrieve := func() ([]decoder.Passage, error) {
-		ps, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesDevice)
-		if err != nil {
-			return nil, status.Errorf(codes.Internal, "device retrieval: %v", err)
-		}
-		return ps, nil
-	}
+func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker) (session.Summary, error) {
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
-		passages, err := retrieve()
-		if err != nil {
-			return session.Summary{}, err
-		}
-		sum, err := session.Local(ctx, opts, s.dec, session.Input{Query: req.Query, Passages: passages}, emit)
-		sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
+		return s.alone(ctx, req, opts, out.emit)
+	}
+	opts.Fallback, opts.StallTimeout = true, s.cfg.StallTimeout
+	opts.OnFallback = func(step int, cause error) { out.fallback(step, cause) }
+	sum, err := s.withCloud(ctx, req, opts, out.emit)
+	if err == nil || ctx.Err() != nil || out.sentAny() {
 		return sum, err
 	}
+	// The cloud failed before the answer began (unreachable, refused, or a
+	// baseline that cannot go on alone): answer alone from the start.
+	opts.Log.Warn("the cloud failed: answering alone", "err", err)
+	out.fallback(0, err)
+	alone, aerr := s.alone(ctx, req, opts, out.emit)
+	alone.BytesSent, alone.BytesReceived = sum.BytesSent, sum.BytesReceived
+	return alone, aerr
+}
+
+// alone answers from the device's passages only.
+func (s *Server) alone(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
+	passages, err := s.retrieve(ctx, req)
+	if err != nil {
+		return session.Summary{}, err
+	}
+	sum, err := session.Local(ctx, opts, s.dec, session.Input{Query: req.Query, Passages: passages}, emit)
+	sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
+	return sum, err
+}
+
+func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.Passage, error) {
+	ps, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesDevice)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "device retrieval: %v", err)
+	}
+	return ps, nil
+}
+
+// withCloud runs a generation that uses the cloud, in the request's mode.
+func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
 	// Open the peer stream first: the cloud retrieves and prefills while
 	// this side does.
 	ctx, cancel := context.WithCancel(ctx)
@@ -146,7 +175,7 @@ func (s *Server) generate(ctx context.Context, req session.Request, opts session
 	}
 	var passages []decoder.Passage
 	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
-		if passages, err = retrieve(); err != nil {
+		if passages, err = s.retrieve(ctx, req); err != nil {
 			return session.Summary{}, err
 		}
 	}
@@ -312,7 +341,22 @@ type chunker struct {
 	sent   int             // bytes of text already streamed
 	step   uint64
 	toks   []int32
+	chunks int // chunks sent
+
+	// The cloud failed: the next chunk says so.
+	fellBack, announce bool
+	fallbackStep       int
+	fallbackReason     string
 }
+
+// fallback notes that the answer goes on without the cloud after step
+// tokens.
+func (c *chunker) fallback(step int, cause error) {
+	c.fellBack, c.announce, c.fallbackStep, c.fallbackReason = true, true, step, cause.Error()
+}
+
+// sentAny reports whether any of the answer reached the app.
+func (c *chunker) sentAny() bool { return c.chunks > 0 }
 
 func newChunker(m engine.Model, stop []string, stream dragonv1.DeviceService_GenerateServer) *chunker {
 	return &chunker{detok: engine.NewDetokenizer(m), stop: stop, stream: stream}
@@ -338,9 +382,11 @@ func (c *chunker) send(end int) error {
 	if end < c.sent {
 		end = c.sent
 	}
-	chunk := &dragonv1.TokenChunk{Step: c.step, Tokens: c.toks, Text: c.text.String()[c.sent:end]}
+	chunk := &dragonv1.TokenChunk{Step: c.step, Tokens: c.toks, Text: c.text.String()[c.sent:end], Fallback: c.announce}
 	c.sent = end
 	c.toks = nil
+	c.announce = false
+	c.chunks++
 	return c.stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Chunk{Chunk: chunk}})
 }
 

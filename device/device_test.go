@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/decoder"
@@ -130,4 +131,29 @@ func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
 	st, err := srv.Stats(context.Background(), &dragonv1.StatsRequest{})
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), st.GetGenerations())
+}
+
+// TestUnreachableCloudAnswersAlone: with the cloud away, a dragon request
+// is answered from the device's passages, flagged as a fallback in the
+// first chunk and in the summary.
+func TestUnreachableCloudAnswersAlone(t *testing.T) {
+	conn, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	srv, err := New(Config{SideConfig: session.SideConfig{
+		Model: fake.New(fake.Config{Seed: 3, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
+	}, Peer: dragonv1.NewPeerServiceClient(conn)})
+	require.NoError(t, err)
+	defer srv.Close()
+	rec := &recorder{ctx: context.Background()}
+	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+	require.Greater(t, len(rec.sent), 1)
+	assert.True(t, rec.sent[0].GetChunk().GetFallback(), "the first chunk says the device answers alone")
+	sum := rec.sent[len(rec.sent)-1].GetSummary()
+	assert.True(t, sum.GetFallback())
+	assert.Zero(t, sum.GetFallbackStep())
+	assert.Contains(t, sum.GetFallbackReason(), "cloud")
+	assert.Equal(t, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, sum.GetMode(), "the mode asked for")
+	assert.Positive(t, sum.GetTokens())
 }

@@ -72,7 +72,17 @@ type Options struct {
 	Fits [2]profiler.DecodeFit
 	// Record keeps a trace of decoding times and acceptance.
 	Record bool
-	Log    *slog.Logger
+	// Fallback (owner only): when the peer fails (the stream breaks, the
+	// peer errs or sends garbage, or no step is decided for StallTimeout),
+	// finish the answer alone from the tokens already decided.
+	Fallback bool
+	// StallTimeout is how long the owner waits for the next decided step
+	// before it gives up on the peer (0: 10 s).
+	StallTimeout time.Duration
+	// OnFallback, when set, learns that the answer goes on alone after
+	// step tokens, and why.
+	OnFallback func(step int, cause error)
+	Log        *slog.Logger
 }
 
 func (o *Options) defaults() error {
@@ -99,6 +109,9 @@ func (o *Options) defaults() error {
 	}
 	if o.PingEvery <= 0 {
 		o.PingEvery = 200 * time.Millisecond
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = 10 * time.Second
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -145,6 +158,10 @@ type Summary struct {
 	AbortedPasses uint64
 	// RTT is the last round-trip estimate.
 	RTT time.Duration
+	// Fallback: the peer failed after FallbackAt tokens and this side
+	// finished the answer alone.
+	Fallback   bool
+	FallbackAt int
 	// Trace, when Options.Record: decoding ms per token of each side (this
 	// side's measured, the peer's as its drafts reported) and acceptance
 	// flags per step.
@@ -194,6 +211,10 @@ type run struct {
 	plainRTT float64 // ms of the last unpadded ping
 	// heldFrom is the step at which this side last took the aggregator.
 	heldFrom uint64
+	// targets are the decided tokens, the end token included; progress is
+	// when the last one was decided (or the generation began).
+	targets  []engine.Token
+	progress time.Time
 
 	// Shared with the producer goroutine.
 	mu      sync.Mutex
@@ -275,9 +296,15 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 	defer ping.Stop()
 	r.ping()
 
+	r.progress = time.Now()
 	err := r.loop(ctx, inbox, bursts, fail, ping.C)
 	r.stopProducer()
 	wg.Wait()
+	var pf peerFailure
+	if errors.As(err, &pf) && r.opts.Owner && r.opts.Fallback && ctx.Err() == nil {
+		err = r.continueAlone(ctx, pf.err)
+	}
+	r.dec.Finish()
 	if r.opts.Owner {
 		reason := string(r.finish)
 		if err != nil {
@@ -299,6 +326,23 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 	return r.sum, err
 }
 
+// peerFailure is an error on the peer's side of the session: the stream
+// broke, the peer reported an error or broke the protocol, or it stalled.
+type peerFailure struct{ err error }
+
+func (p peerFailure) Error() string { return p.err.Error() }
+func (p peerFailure) Unwrap() error { return p.err }
+
+// emitError is an error of this side's consumer (the app went away), not
+// of the peer.
+type emitError struct{ err error }
+
+func (e emitError) Error() string { return e.err.Error() }
+func (e emitError) Unwrap() error { return e.err }
+
+// errStalled: no step was decided for Options.StallTimeout.
+var errStalled = errors.New("session: the peer decided no step in time")
+
 func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burst, fail <-chan error, ping <-chan time.Time) error {
 	for !r.over {
 		select {
@@ -315,7 +359,7 @@ func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burs
 			}
 			return err
 		case err := <-r.senderErr:
-			return fmt.Errorf("session: send: %w", err)
+			return peerFailure{fmt.Errorf("session: send: %w", err)}
 		case b := <-bursts:
 			for _, d := range b.drafts {
 				r.record(r.opts.Self, d)
@@ -333,13 +377,71 @@ func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burs
 					r.finish = FinishCancelled
 					return nil // the device closed the stream
 				}
-				return fmt.Errorf("session: receive: %w", in.err)
+				return peerFailure{fmt.Errorf("session: receive: %w", in.err)}
 			}
 			if err := r.handle(in.msg); err != nil {
-				return err
+				if errors.As(err, new(emitError)) {
+					return err
+				}
+				return peerFailure{err}
 			}
 		case <-ping:
+			if r.opts.Owner && time.Since(r.progress) > r.opts.StallTimeout {
+				return peerFailure{fmt.Errorf("%w: %v since the last", errStalled, r.opts.StallTimeout)}
+			}
 			r.ping()
+		}
+	}
+	return nil
+}
+
+// continueAlone finishes the answer on this side alone after the peer
+// failed: the decoder is rewound to the decided tokens and decodes on,
+// drafting as it did, each draft now the answer's token.
+func (r *run) continueAlone(ctx context.Context, cause error) error {
+	r.sum.Fallback, r.sum.FallbackAt = true, len(r.sum.Tokens)
+	r.log.Warn("the peer failed: finishing the answer alone", "tokens", len(r.sum.Tokens), "err", cause)
+	if r.opts.OnFallback != nil {
+		r.opts.OnFallback(len(r.sum.Tokens), cause)
+	}
+	if _, err := r.node.Step(aggregator.Finish{}); err != nil {
+		return err
+	}
+	gen := r.dec.Generated()
+	k := 0
+	for k < len(gen) && k < len(r.targets) && gen[k] == r.targets[k] {
+		k++
+	}
+	if err := r.dec.Rewind(k, r.targets[k:]...); err != nil {
+		return err
+	}
+	prop, err := aggregator.NewProposer(r.opts.Self, r.opts.Sampling.Seed, r.opts.Sampling.Greedy(), r.opts.CodecTopP)
+	if err != nil {
+		return err
+	}
+	choose := r.chooser(prop, func() uint32 { return 0 }, nil)
+	for !r.over {
+		limit := r.opts.MaxTokens - len(r.targets)
+		switch {
+		case limit <= 0:
+			r.finish, r.over = FinishMaxTokens, true
+			continue
+		case r.dec.Room() <= 0:
+			r.finish, r.over = FinishContext, true
+			continue
+		}
+		toks, err := r.dec.Step(ctx, choose, limit)
+		if err != nil {
+			if ctx.Err() != nil {
+				r.finish = FinishCancelled
+				return ctx.Err()
+			}
+			return err
+		}
+		for _, t := range toks {
+			if err := r.target(t); err != nil || r.over {
+				return err
+			}
 		}
 	}
 	return nil
@@ -494,25 +596,46 @@ func (r *run) onDecided(v aggregator.Verdict) error {
 	if r.over {
 		return nil
 	}
-	if r.model.IsEOG(v.Target) {
+	if err := r.target(v.Target); err != nil {
+		return err
+	}
+	if r.finish == FinishStop {
+		if _, err := r.node.Step(aggregator.Finish{}); err != nil {
+			return err
+		}
+		r.stopProducer()
+		r.over = r.over || r.opts.Owner
+	}
+	return nil
+}
+
+// target takes one decided token: the end token ends the answer; any other
+// joins it and goes to emit, which may end it (a stop string). Running
+// alone, reaching MaxTokens ends it too; with the peer the Node says so.
+func (r *run) target(tok engine.Token) error {
+	r.targets = append(r.targets, tok)
+	r.progress = time.Now()
+	alone := r.sum.Fallback
+	if r.model.IsEOG(tok) {
 		r.finish = FinishEOG
+		r.over = r.over || alone
 		return nil
 	}
-	r.sum.Tokens = append(r.sum.Tokens, v.Target)
+	r.sum.Tokens = append(r.sum.Tokens, tok)
 	r.sum.TokenTimes = append(r.sum.TokenTimes, time.Now())
 	if r.emit != nil {
-		stop, err := r.emit(int(v.Step), v.Target)
+		stop, err := r.emit(len(r.sum.Tokens)-1, tok)
 		if err != nil {
-			return err
+			return emitError{err}
 		}
 		if stop {
 			r.finish = FinishStop
-			if _, err := r.node.Step(aggregator.Finish{}); err != nil {
-				return err
-			}
-			r.stopProducer()
-			r.over = r.over || r.opts.Owner
+			r.over = r.over || alone
+			return nil
 		}
+	}
+	if alone && len(r.targets) >= r.opts.MaxTokens {
+		r.finish, r.over = FinishMaxTokens, true
 	}
 	return nil
 }
@@ -586,7 +709,6 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		}
 		return fmt.Errorf("session: prefill: %w", err)
 	}
-	defer r.dec.Finish()
 	prop, err := aggregator.NewProposer(r.opts.Self, r.opts.Sampling.Seed, r.opts.Sampling.Greedy(), r.opts.CodecTopP)
 	if err != nil {
 		return err
@@ -595,19 +717,8 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		epoch     uint32
 		paused    bool // drafted the end token: wait for its verdict
 		proposals = map[int]aggregator.Draft{}
-		probs     []float32
-		scores    []float32
 	)
-	hTilde := r.dec.HTilde()
-	choose := func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
-		probs, scores = r.process(mix, hist, probs, scores)
-		d, err := prop.Propose(probs, uint64(pos), epoch, hTilde)
-		if err != nil {
-			return 0, err
-		}
-		proposals[pos] = d
-		return d.Token(), nil
-	}
+	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft) { proposals[pos] = d })
 	for {
 		next := uint64(len(r.dec.Generated()))
 		r.mu.Lock()
@@ -683,6 +794,25 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		case <-ctx.Done():
 			return nil
 		}
+	}
+}
+
+// chooser is how this side decides its token at each position: the draft
+// Proposer makes from the processed mixture, under the current epoch; keep,
+// when not nil, receives each draft.
+func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft)) decoder.Chooser {
+	var probs, scores []float32
+	hTilde := r.dec.HTilde()
+	return func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
+		probs, scores = r.process(mix, hist, probs, scores)
+		d, err := prop.Propose(probs, uint64(pos), epoch(), hTilde)
+		if err != nil {
+			return 0, err
+		}
+		if keep != nil {
+			keep(pos, d)
+		}
+		return d.Token(), nil
 	}
 }
 

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -337,4 +338,62 @@ func mixtureLogLikelihood(t *testing.T, toks []engine.Token) float64 {
 		dc.Push(tok)
 	}
 	return ll
+}
+
+// failing breaks a side's sending after n messages: it closes the stream
+// (the cloud process died), or swallows what is sent (a partition).
+type failing struct {
+	*PipeEnd
+	mu        sync.Mutex
+	n         int
+	partition bool
+}
+
+func (f *failing) Send(m *dragonv1.PeerMessage) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n > 0 {
+		f.n--
+		return f.PipeEnd.Send(m)
+	}
+	if f.partition {
+		return nil
+	}
+	f.PipeEnd.Close()
+	return io.ErrClosedPipe
+}
+
+// TestDeviceFinishesAloneWhenTheCloudFails: the cloud dies or goes silent
+// mid-answer; the device keeps the tokens already decided and finishes the
+// answer alone, saying so.
+func TestDeviceFinishesAloneWhenTheCloudFails(t *testing.T) {
+	full, _ := runPair(t, pairConfig{maxTokens: 40})
+	require.Len(t, full.Tokens, 40, "the fake answers at length")
+	for _, partition := range []bool{false, true} {
+		a, b := Pipe()
+		cloudConn := &failing{PipeEnd: b, n: 12, partition: partition}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
+			_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, cloudConn, nil)
+		}()
+		var fellBackAt = -1
+		opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
+			Fallback: true, StallTimeout: 200 * time.Millisecond, OnFallback: func(step int, _ error) { fellBackAt = step }}
+		dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, a, nil)
+		require.NoError(t, err, "partition %v", partition)
+		a.Close()
+		cancel()
+		wg.Wait()
+		assert.True(t, dev.Fallback, "partition %v", partition)
+		assert.Equal(t, dev.FallbackAt, fellBackAt)
+		require.Positive(t, dev.FallbackAt, "some tokens were decided together")
+		require.Less(t, dev.FallbackAt, 40)
+		assert.Equal(t, full.Tokens[:dev.FallbackAt], dev.Tokens[:dev.FallbackAt], "the decided tokens are kept")
+		assert.Len(t, dev.Tokens, 40, "the answer is finished")
+		assert.Equal(t, FinishMaxTokens, dev.Finish)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -24,6 +25,7 @@ type Daemon struct {
 
 	stopOnce sync.Once
 	stopErr  error
+	killed   atomic.Bool
 }
 
 var servingAddr = regexp.MustCompile(`msg=serving .*addr=(\S+)`)
@@ -80,6 +82,19 @@ func (d *Daemon) Logs() string {
 	defer d.mu.Unlock()
 	return d.log.String()
 }
+
+// Kill ends the daemon at once (SIGKILL), as a crash would.
+func (d *Daemon) Kill() error {
+	d.stopOnce.Do(func() {
+		d.killed.Store(true)
+		_ = d.cmd.Process.Kill()
+		<-d.done
+	})
+	return nil
+}
+
+// Killed reports whether Kill was called.
+func (d *Daemon) Killed() bool { return d.killed.Load() }
 
 // Stop asks the daemon to shut down (SIGTERM) and waits; it kills a daemon
 // that does not stop in time and reports that. Later calls return the

@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/dragon-rag/dragon/device"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -21,6 +23,7 @@ func newDeviceCmd() *cobra.Command {
 		cloudAddr     string
 		cloudPassages int
 		mode          string
+		cloudTimeout  time.Duration
 		peer          wire.Config
 	)
 	cmd := &cobra.Command{
@@ -46,7 +49,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				return err
 			}
 			defer s.close()
-			cfg := device.Config{SideConfig: s.config(log)}
+			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout}
 			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def}
 			if cloudAddr != "" {
 				if peer.Token == "" {
@@ -57,6 +60,12 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				if err != nil {
 					return fmt.Errorf("cloud connection: %w", err)
 				}
+				// Reconnect soon after the cloud comes back: the next
+				// generation should use it, not answer alone.
+				opts = append(opts, grpc.WithConnectParams(grpc.ConnectParams{
+					Backoff: backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+					MinConnectTimeout: 5 * time.Second,
+				}))
 				conn, err := grpc.NewClient(cloudAddr, opts...)
 				if err != nil {
 					return fmt.Errorf("cloud connection: %w", err)
@@ -80,7 +89,8 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs := cmd.Flags()
 	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
 	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")
-	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only or context")
+	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only, context or kv")
+	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud decides no step for this long (it is also finished alone when the cloud goes away)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd
 }

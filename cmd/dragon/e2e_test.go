@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"io"
 	"fmt"
 	"os"
 	"strings"
@@ -143,4 +145,50 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 			dr.Summary.GetAggregatorSwitches(), dr.Summary.GetStaleDrafts(), dr.Summary.GetAcceptanceRateDevice(), dr.Summary.GetAcceptanceRateCloud(), dr.Text)
 	}
 	assert.Greater(t, switches, uint32(10), "the aggregator moved")
+}
+
+// TestCloudKilledMidAnswer: the cloud process is killed while an answer
+// streams; the device finishes it alone and says so; a cloud restarted on
+// the same address is used again for the next request.
+func TestCloudKilledMidAnswer(t *testing.T) {
+	client, dev, cld := pair(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	stream, err := client.Generate(ctx, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 160}})
+	require.NoError(t, err)
+	var tokens int
+	var announced bool
+	var sum *dragonv1.GenerateSummary
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "device log:\n%s", dev.Logs())
+		if c := m.GetChunk(); c != nil {
+			tokens += len(c.GetTokens())
+			announced = announced || c.GetFallback()
+			if tokens >= 16 && !cld.Killed() {
+				require.NoError(t, cld.Kill())
+			}
+		}
+		if s := m.GetSummary(); s != nil {
+			sum = s
+		}
+	}
+	require.NotNil(t, sum)
+	t.Logf("%d tokens, fell back at %d: %s", sum.GetTokens(), sum.GetFallbackStep(), sum.GetFallbackReason())
+	assert.True(t, sum.GetFallback(), "device log:\n%s", dev.Logs())
+	assert.True(t, announced, "a chunk says the device goes on alone")
+	assert.GreaterOrEqual(t, sum.GetFallbackStep(), uint32(16))
+	assert.Equal(t, uint32(tokens), sum.GetTokens(), "no token lost or repeated")
+	assert.True(t, sum.GetTokens() == 160 || sum.GetFinishReason() == dragonv1.FinishReason_FINISH_REASON_STOP, "the answer was finished")
+
+	// The cloud comes back on the same address.
+	startDaemon(t, "cloud2", "cloud", "--listen", cld.Addr, "--model", testmodel.Path(t), "--threads", "1",
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
+	require.Eventually(t, func() bool {
+		a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+		return err == nil && !a.Summary.GetFallback() && a.Summary.GetBytesReceived() > 0
+	}, time.Minute, time.Second, "the restarted cloud is used again")
 }

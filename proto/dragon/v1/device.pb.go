@@ -310,7 +310,10 @@ type TokenChunk struct {
 	Tokens []int32 `protobuf:"varint,2,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// Text of the tokens; a UTF-8 character split across tokens is held back
 	// until complete, so text may lag tokens by one chunk.
-	Text          string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	Text string `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	// The cloud failed: from this chunk on the device answers alone (from
+	// its own passages, continuing the tokens already sent).
+	Fallback      bool `protobuf:"varint,4,opt,name=fallback,proto3" json:"fallback,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +369,13 @@ func (x *TokenChunk) GetText() string {
 	return ""
 }
 
+func (x *TokenChunk) GetFallback() bool {
+	if x != nil {
+		return x.Fallback
+	}
+	return false
+}
+
 // GenerateSummary closes a generation.
 type GenerateSummary struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -414,6 +424,12 @@ type GenerateSummary struct {
 	// Drafts of each side rejected.
 	RejectedDevice uint64 `protobuf:"varint,26,opt,name=rejected_device,json=rejectedDevice,proto3" json:"rejected_device,omitempty"`
 	RejectedCloud  uint64 `protobuf:"varint,27,opt,name=rejected_cloud,json=rejectedCloud,proto3" json:"rejected_cloud,omitempty"`
+	// The cloud failed (unreachable, gone or too slow) and the device
+	// answered alone from fallback_step on; mode is the mode asked for.
+	Fallback     bool   `protobuf:"varint,28,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	FallbackStep uint32 `protobuf:"varint,29,opt,name=fallback_step,json=fallbackStep,proto3" json:"fallback_step,omitempty"`
+	// Why the device fell back.
+	FallbackReason string `protobuf:"bytes,30,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -635,6 +651,27 @@ func (x *GenerateSummary) GetRejectedCloud() uint64 {
 		return x.RejectedCloud
 	}
 	return 0
+}
+
+func (x *GenerateSummary) GetFallback() bool {
+	if x != nil {
+		return x.Fallback
+	}
+	return false
+}
+
+func (x *GenerateSummary) GetFallbackStep() uint32 {
+	if x != nil {
+		return x.FallbackStep
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetFallbackReason() string {
+	if x != nil {
+		return x.FallbackReason
+	}
+	return ""
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1034,13 +1071,13 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
-	"\x04kind\"L\n" +
+	"\x04kind\"h\n" +
 	"\n" +
 	"TokenChunk\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"\x9f\n" +
-	"\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\x12\x1a\n" +
+	"\bfallback\x18\x04 \x01(\bR\bfallback\"\x89\v\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1070,7 +1107,10 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x14second_choice_device\x18\x18 \x01(\x04R\x12secondChoiceDevice\x12.\n" +
 	"\x13second_choice_cloud\x18\x19 \x01(\x04R\x11secondChoiceCloud\x12'\n" +
 	"\x0frejected_device\x18\x1a \x01(\x04R\x0erejectedDevice\x12%\n" +
-	"\x0erejected_cloud\x18\x1b \x01(\x04R\rrejectedCloud\"\xa1\x01\n" +
+	"\x0erejected_cloud\x18\x1b \x01(\x04R\rrejectedCloud\x12\x1a\n" +
+	"\bfallback\x18\x1c \x01(\bR\bfallback\x12#\n" +
+	"\rfallback_step\x18\x1d \x01(\rR\ffallbackStep\x12'\n" +
+	"\x0ffallback_reason\x18\x1e \x01(\tR\x0efallbackReason\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
