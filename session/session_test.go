@@ -340,38 +340,46 @@ func mixtureLogLikelihood(t *testing.T, toks []engine.Token) float64 {
 	return ll
 }
 
-// failing breaks a side's sending after n messages: it closes the stream
-// (the cloud process died), or swallows what is sent (a partition).
+// failing breaks a side's sending once broken: it closes the stream (the
+// cloud process died), or swallows what is sent (a partition).
 type failing struct {
 	*PipeEnd
 	mu        sync.Mutex
-	n         int
+	broken    bool
 	partition bool
 }
 
 func (f *failing) Send(m *dragonv1.PeerMessage) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.n > 0 {
-		f.n--
+	switch {
+	case !f.broken:
 		return f.PipeEnd.Send(m)
-	}
-	if f.partition {
+	case f.partition:
 		return nil
 	}
-	f.PipeEnd.Close()
 	return io.ErrClosedPipe
 }
 
+// breakNow fails the link from now on.
+func (f *failing) breakNow() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.broken = true
+	if !f.partition {
+		f.PipeEnd.Close()
+	}
+}
+
 // TestDeviceFinishesAloneWhenTheCloudFails: the cloud dies or goes silent
-// mid-answer; the device keeps the tokens already decided and finishes the
-// answer alone, saying so.
+// after 8 tokens; the device keeps the tokens already decided and
+// finishes the answer alone, saying so.
 func TestDeviceFinishesAloneWhenTheCloudFails(t *testing.T) {
 	full, _ := runPair(t, pairConfig{maxTokens: 40})
 	require.Len(t, full.Tokens, 40, "the fake answers at length")
 	for _, partition := range []bool{false, true} {
 		a, b := Pipe()
-		cloudConn := &failing{PipeEnd: b, n: 12, partition: partition}
+		cloudConn := &failing{PipeEnd: b, partition: partition}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -380,17 +388,22 @@ func TestDeviceFinishesAloneWhenTheCloudFails(t *testing.T) {
 			opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
 			_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, cloudConn, nil)
 		}()
-		var fellBackAt = -1
+		fellBackAt := -1
 		opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
 			Fallback: true, StallTimeout: 200 * time.Millisecond, OnFallback: func(step int, _ error) { fellBackAt = step }}
-		dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, a, nil)
+		dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, a, func(step int, _ engine.Token) (bool, error) {
+			if step == 7 {
+				cloudConn.breakNow()
+			}
+			return false, nil
+		})
 		require.NoError(t, err, "partition %v", partition)
 		a.Close()
 		cancel()
 		wg.Wait()
 		assert.True(t, dev.Fallback, "partition %v", partition)
 		assert.Equal(t, dev.FallbackAt, fellBackAt)
-		require.Positive(t, dev.FallbackAt, "some tokens were decided together")
+		require.GreaterOrEqual(t, dev.FallbackAt, 8, "the tokens decided together")
 		require.Less(t, dev.FallbackAt, 40)
 		assert.Equal(t, full.Tokens[:dev.FallbackAt], dev.Tokens[:dev.FallbackAt], "the decided tokens are kept")
 		assert.Len(t, dev.Tokens, 40, "the answer is finished")

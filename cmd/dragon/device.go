@@ -63,7 +63,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				// Reconnect soon after the cloud comes back: the next
 				// generation should use it, not answer alone.
 				opts = append(opts, grpc.WithConnectParams(grpc.ConnectParams{
-					Backoff: backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+					Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
 					MinConnectTimeout: 5 * time.Second,
 				}))
 				conn, err := grpc.NewClient(cloudAddr, opts...)
