@@ -578,4 +578,7 @@ func (c *Context) Close() error {
 	return nil
 }
 
-func initBackend() { ollama.BackendInit() }
+func initBackend() {
+	ollama.BackendInit()
+	C.dragon_log_install()
+}

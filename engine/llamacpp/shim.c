@@ -3,6 +3,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "shim.h"
@@ -70,8 +71,41 @@ void dragon_ctx_free(dragon_ctx *c) {
 
 struct llama_context *dragon_ctx_llama(dragon_ctx *c) { return c->ctx; }
 
+// Contexts whose abort flag is raised, and the log callback that was
+// installed before ours.
+static atomic_int dragon_aborting;
+static ggml_log_callback dragon_prev_log;
+static void *dragon_prev_log_data;
+
 void dragon_abort(dragon_ctx *c, int on) {
-    atomic_store_explicit(&c->abort, on, memory_order_relaxed);
+    int was = atomic_exchange_explicit(&c->abort, on, memory_order_relaxed);
+    if (on && !was) {
+        atomic_fetch_add(&dragon_aborting, 1);
+    } else if (!on && was) {
+        atomic_fetch_sub(&dragon_aborting, 1);
+    }
+}
+
+// dragon_log drops the three error lines llama.cpp prints for a decode
+// that an abort stopped (a rejection making a pass stale is routine; the
+// caller gets engine.ErrAborted) and passes everything else on.
+static void dragon_log(enum ggml_log_level level, const char *text, void *data) {
+    (void)data;
+    if (level == GGML_LOG_LEVEL_ERROR && atomic_load(&dragon_aborting) > 0 &&
+        (strstr(text, "graph_compute_async failed") != NULL || strstr(text, "failed to compute graph") != NULL ||
+         strstr(text, "failed to decode, ret = 2") != NULL)) {
+        return;
+    }
+    if (dragon_prev_log != NULL) {
+        dragon_prev_log(level, text, dragon_prev_log_data);
+    }
+}
+
+void dragon_log_install(void) {
+    llama_log_get(&dragon_prev_log, &dragon_prev_log_data);
+    if (dragon_prev_log != dragon_log) {
+        llama_log_set(dragon_log, NULL);
+    }
 }
 
 int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,

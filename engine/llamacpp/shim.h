@@ -30,6 +30,10 @@ int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int
 // llama_decode, to tell llama.cpp's cost from the wrapper's.
 int64_t dragon_last_decode_ns(dragon_ctx *c);
 
+// dragon_log_install puts a filter in front of the installed log
+// callback that drops the error lines of aborted decodes.
+void dragon_log_install(void);
+
 // dragon_model_load memory-maps a model on the CPU without llama.cpp's
 // progress dots.
 struct llama_model *dragon_model_load(const char *path);
