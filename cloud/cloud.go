@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -78,16 +79,19 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	id := b.GetSessionId()
 	opts := req.Options(aggregator.Cloud, id)
 	opts.Fits = [2]profiler.DecodeFit{session.FitFromHello(peer), s.cfg.Fit}
-	opts.Log = log
+	opts.Log, opts.Metrics = log, s.cfg.Metrics
+	start := time.Now()
+	defer s.cfg.Metrics.Begin()()
 	passages, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesCloud)
 	if err != nil {
 		return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
 	}
 	s.dec.SetSystem(req.System)
 	log.Debug("cloud session", "passages", len(passages))
+	var sum session.Summary
 	switch req.Mode {
 	case dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, dragonv1.Mode_MODE_TOKEN_WISE_SYNC:
-		_, err = session.Run(ctx, opts, s.dec, req.Query, passages, stream, nil)
+		sum, err = session.Run(ctx, opts, s.dec, req.Query, passages, stream, nil)
 	case dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC:
 		err = session.ServeSequenceWise(ctx, opts, s.dec, req.Query, passages, stream)
 	case dragonv1.Mode_MODE_CLOUD_ONLY:
@@ -99,6 +103,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	default:
 		return s.refuse(stream, id, status.Errorf(codes.Unimplemented, "mode %v is not served by this cloud", req.Mode))
 	}
+	s.cfg.Metrics.Observe(session.ModeName(req.Mode), start, sum, err)
 	if err != nil && ctx.Err() == nil {
 		log.Warn("cloud session failed", "err", err)
 		return statusOf(err)

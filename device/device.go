@@ -87,12 +87,15 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 	log := s.cfg.Log.With("session", id, "mode", req.Mode.String())
 	out := newChunker(s.cfg.Model, req.Stop, stream)
 	opts := req.Options(aggregator.Device, id)
-	opts.Log, opts.Record = log, g.GetRecordTrace()
+	opts.Log, opts.Record, opts.Metrics = log, g.GetRecordTrace(), s.cfg.Metrics
+	defer s.cfg.Metrics.Begin()()
 	s.dec.SetSystem(req.System)
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 
 	sum, err := s.generate(ctx, req, opts, out)
+	sum.Fallback = sum.Fallback || out.fellBack
+	s.cfg.Metrics.Observe(session.ModeName(req.Mode), start, sum, err)
 	if err != nil {
 		log.Warn("generation failed", "err", err)
 		return toStatus(ctx, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
@@ -12,6 +13,43 @@ import (
 	"github.com/dragon-rag/dragon/sampling"
 	"github.com/dragon-rag/dragon/wire"
 )
+
+// modeNames are the modes as people (the command line, metrics) name them.
+var modeNames = []struct {
+	name string
+	mode dragonv1.Mode
+}{
+	{"dragon", dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
+	{"tw", dragonv1.Mode_MODE_TOKEN_WISE_SYNC},
+	{"sw", dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC},
+	{"device-only", dragonv1.Mode_MODE_DEVICE_ONLY},
+	{"cloud-only", dragonv1.Mode_MODE_CLOUD_ONLY},
+	{"context", dragonv1.Mode_MODE_CONTEXT},
+	{"kv", dragonv1.Mode_MODE_KV},
+}
+
+// ParseModeName reads a mode's name (dragon, tw, sw, device-only,
+// cloud-only, context, kv).
+func ParseModeName(s string) (dragonv1.Mode, error) {
+	var names []string
+	for _, m := range modeNames {
+		if m.name == s {
+			return m.mode, nil
+		}
+		names = append(names, m.name)
+	}
+	return 0, fmt.Errorf("unknown mode %q (want %s)", s, strings.Join(names, ", "))
+}
+
+// ModeName is a mode's name.
+func ModeName(m dragonv1.Mode) string {
+	for _, n := range modeNames {
+		if n.mode == m {
+			return n.name
+		}
+	}
+	return m.String()
+}
 
 // Retriever finds a side's passages for a query.
 type Retriever interface {

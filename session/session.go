@@ -82,7 +82,10 @@ type Options struct {
 	// OnFallback, when set, learns that the answer goes on alone after
 	// step tokens, and why.
 	OnFallback func(step int, cause error)
-	Log        *slog.Logger
+	// Metrics, when set, get the codec's compression and the link's
+	// estimates live (the caller records the rest with Metrics.Observe).
+	Metrics *Metrics
+	Log     *slog.Logger
 }
 
 func (o *Options) defaults() error {
@@ -532,6 +535,9 @@ func (r *run) apply(acts []aggregator.Action) error {
 		case aggregator.SendDrafts:
 			m := msgDrafts(r.opts.SessionID, a.Drafts)
 			r.est.Message(proto.Size(m))
+			for i := range a.Drafts {
+				r.opts.Metrics.draftSent(r.decode.Vocab(), len(a.Drafts[i].Payload()))
+			}
 			r.enqueue(m)
 		case aggregator.SendVerdicts:
 			r.enqueue(msgVerdicts(r.opts.SessionID, a.Verdicts))
@@ -668,6 +674,7 @@ func (r *run) pong(p *dragonv1.Pong) {
 	}
 	r.plainRTT = ms
 	r.est.RTT(ms)
+	r.opts.Metrics.link(time.Duration(r.est.RTTMS()*float64(time.Millisecond)), r.est.BandwidthBytesPerMS()*1000)
 }
 
 func (r *run) signal() {

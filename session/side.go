@@ -22,7 +22,9 @@ type SideConfig struct {
 	Defaults  Defaults
 	// Fit is this side's decoding-latency fit, sent at handshake.
 	Fit profiler.DecodeFit
-	Log *slog.Logger
+	// Metrics, when set, record every generation.
+	Metrics *Metrics
+	Log     *slog.Logger
 }
 
 // Open makes the decoder side generates with and the Hello it sends, and

@@ -85,7 +85,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
+	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
 	cloud, err := StartDaemon("cloud", 0, o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", "data/profile-cloud.json"}, common...)...)
 	if err != nil {
 		return Result{}, err

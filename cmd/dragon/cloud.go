@@ -36,11 +36,11 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer srv.Close()
-			return serve(cmd.Context(), log, f.listen, f.grpc, func(g *grpc.Server) {
+			return serveAll(cmd.Context(), log, &f, newHTTPServer(s.registry, f.pprof, nil), func(g *grpc.Server) {
 				dragonv1.RegisterPeerServiceServer(g, srv)
 			})
 		},
 	}
-	f.register(cmd, defaultCloudAddr, "data/index/cloud", "data/profile-cloud.json")
+	f.register(cmd, defaultCloudAddr, defaultCloudHTTP, "data/index/cloud", "data/profile-cloud.json")
 	return cmd
 }

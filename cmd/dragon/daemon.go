@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync/atomic"
 	"os"
-	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -30,41 +35,13 @@ import (
 const (
 	defaultCloudAddr  = "127.0.0.1:7070"
 	defaultDeviceAddr = "127.0.0.1:7071"
+	defaultCloudHTTP  = "127.0.0.1:9070"
+	defaultDeviceHTTP = "127.0.0.1:8080"
 )
 
-// modeNames are the generation modes as the command line spells them.
-var modeNames = []struct {
-	name string
-	mode dragonv1.Mode
-}{
-	{"dragon", dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
-	{"tw", dragonv1.Mode_MODE_TOKEN_WISE_SYNC},
-	{"sw", dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC},
-	{"device-only", dragonv1.Mode_MODE_DEVICE_ONLY},
-	{"cloud-only", dragonv1.Mode_MODE_CLOUD_ONLY},
-	{"context", dragonv1.Mode_MODE_CONTEXT},
-	{"kv", dragonv1.Mode_MODE_KV},
-}
+func parseModeName(s string) (dragonv1.Mode, error) { return session.ParseModeName(s) }
 
-func parseModeName(s string) (dragonv1.Mode, error) {
-	var names []string
-	for _, m := range modeNames {
-		if m.name == s {
-			return m.mode, nil
-		}
-		names = append(names, m.name)
-	}
-	return 0, fmt.Errorf("unknown mode %q (want %s)", s, strings.Join(names, ", "))
-}
-
-func modeName(m dragonv1.Mode) string {
-	for _, n := range modeNames {
-		if n.mode == m {
-			return n.name
-		}
-	}
-	return m.String()
-}
+func modeName(m dragonv1.Mode) string { return session.ModeName(m) }
 
 // sideFlags are what both daemons load: the model, the corpus, the
 // decoder, the limits and the decoding fit.
@@ -73,14 +50,16 @@ type sideFlags struct {
 	threads, passages, maxPassages   int
 	ctxPerSeq, maxTokens, limitToks  int
 	maxPrompt                        int
-	noSpec                           bool
-	listen                           string
+	noSpec, pprof                    bool
+	listen, http                     string
 	grpc                             wire.Config
 }
 
-func (f *sideFlags) register(cmd *cobra.Command, listen, index, profile string) {
+func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile string) {
 	fs := cmd.Flags()
 	fs.StringVar(&f.listen, "listen", listen, "gRPC address to serve on")
+	fs.StringVar(&f.http, "http", http, "HTTP address for /metrics, /healthz and /readyz (empty: none)")
+	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
 	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
 	fs.StringVar(&f.index, "index", index, "index folder of this side's corpus (make index; empty: no retrieval)")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
@@ -119,6 +98,8 @@ type side struct {
 	decoder   decoder.Options
 	fit       profiler.DecodeFit
 	limits    session.Limits
+	registry  *prometheus.Registry
+	metrics   *session.Metrics
 	close     func()
 }
 
@@ -164,12 +145,15 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		}
 	}
 	s.limits = session.Limits{MaxTokens: f.limitToks, MaxPassages: f.maxPassages, MaxPrompt: f.maxPrompt}
+	s.registry = prometheus.NewRegistry()
+	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.metrics = session.NewMetrics(s.registry)
 	return s, nil
 }
 
 // config is the session configuration of what was loaded.
 func (s *side) config(log *slog.Logger) session.SideConfig {
-	return session.SideConfig{Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Log: log}
+	return session.SideConfig{Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Metrics: s.metrics, Log: log}
 }
 
 // autoInsecure lets a daemon or client on loopback run without TLS when
@@ -231,6 +215,89 @@ func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, 
 		srv.Stop()
 	}
 	return nil
+}
+
+// httpServer serves a daemon's HTTP endpoints: /metrics, /healthz (the
+// process is up), /readyz (it serves gRPC and is not shutting down; extra
+// says more, e.g. whether the cloud is reachable), optional pprof, and
+// whatever routes adds.
+type httpServer struct {
+	ready atomic.Bool
+	mux   *http.ServeMux
+}
+
+func newHTTPServer(reg *prometheus.Registry, pprofOn bool, extra func() string) *httpServer {
+	h := &httpServer{mux: http.NewServeMux()}
+	h.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !h.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+		if extra != nil {
+			fmt.Fprintln(w, extra())
+		}
+	})
+	if pprofOn {
+		h.mux.HandleFunc("/debug/pprof/", pprof.Index)
+		h.mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		h.mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		h.mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		h.mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return h
+}
+
+// run serves on addr until ctx is done.
+func (h *httpServer) run(ctx context.Context, log *slog.Logger, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("http: %w", err)
+	}
+	srv := &http.Server{Handler: h.mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("serving http", "addr", ln.Addr().String())
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	h.ready.Store(false)
+	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return srv.Shutdown(shut)
+}
+
+// serveAll runs the gRPC server and, when addr is set, the HTTP server,
+// until ctx is done or either fails.
+func serveAll(ctx context.Context, log *slog.Logger, f *sideFlags, h *httpServer, register func(*grpc.Server)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 2)
+	n := 1
+	if f.http != "" {
+		n++
+		go func() { errc <- h.run(ctx, log, f.http) }()
+	}
+	go func() {
+		errc <- serve(ctx, log, f.listen, f.grpc, func(g *grpc.Server) {
+			register(g)
+			h.ready.Store(true)
+		})
+	}()
+	var first error
+	for range n {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			cancel()
+		} else if first == nil {
+			cancel() // one ended: stop the other
+		}
+	}
+	return first
 }
 
 // daemonLog is the daemons' logger: info level unless --verbose.

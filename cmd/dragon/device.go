@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -50,6 +51,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			}
 			defer s.close()
 			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout}
+			cloudState := func() string { return "none (device-only)" }
 			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def}
 			if cloudAddr != "" {
 				if peer.Token == "" {
@@ -71,7 +73,9 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 					return fmt.Errorf("cloud connection: %w", err)
 				}
 				defer conn.Close()
+				conn.Connect()
 				cfg.Peer = dragonv1.NewPeerServiceClient(conn)
+				cloudState = func() string { return strings.ToLower(conn.GetState().String()) }
 			} else if def != dragonv1.Mode_MODE_DEVICE_ONLY {
 				cfg.Defaults.Mode = dragonv1.Mode_MODE_DEVICE_ONLY
 			}
@@ -80,12 +84,13 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				return err
 			}
 			defer srv.Close()
-			return serve(cmd.Context(), log, f.listen, f.grpc, func(g *grpc.Server) {
+			h := newHTTPServer(s.registry, f.pprof, func() string { return "cloud: " + cloudState() })
+			return serveAll(cmd.Context(), log, &f, h, func(g *grpc.Server) {
 				dragonv1.RegisterDeviceServiceServer(g, srv)
 			})
 		},
 	}
-	f.register(cmd, defaultDeviceAddr, "data/index/device", "data/profile-device.json")
+	f.register(cmd, defaultDeviceAddr, defaultDeviceHTTP, "data/index/device", "data/profile-device.json")
 	fs := cmd.Flags()
 	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
 	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")

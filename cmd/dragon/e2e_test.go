@@ -53,7 +53,7 @@ func startDaemon(t *testing.T, name string, args ...string) *aggbench.Daemon {
 // latency > 0 the device reaches the cloud through a netsim proxy.
 func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
 	model := testmodel.Path(t)
-	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
+	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
 	cloudAddr := cld.Addr
 	if latency > 0 {
@@ -70,7 +70,7 @@ func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *a
 		})
 		cloudAddr = p.Addr()
 	}
-	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--model", model, "--threads", "1",
+	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "")
 	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestCloudKilledMidAnswer(t *testing.T) {
 	assert.True(t, sum.GetTokens() == 160 || sum.GetFinishReason() == dragonv1.FinishReason_FINISH_REASON_STOP, "the answer was finished")
 
 	// The cloud comes back on the same address.
-	startDaemon(t, "cloud2", "cloud", "--listen", cld.Addr, "--model", testmodel.Path(t), "--threads", "1",
+	startDaemon(t, "cloud2", "cloud", "--listen", cld.Addr, "--http", "127.0.0.1:0", "--model", testmodel.Path(t), "--threads", "1",
 		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
 	require.Eventually(t, func() bool {
 		a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})

@@ -1,0 +1,122 @@
+package session
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/dragon-rag/dragon/aggregator"
+)
+
+// Metrics are what a daemon exports about its generations, for
+// Prometheus. A nil *Metrics records nothing.
+type Metrics struct {
+	ttft         prometheus.Histogram
+	tokenLatency prometheus.Histogram
+	tokens       prometheus.Counter
+	drafts       *prometheus.CounterVec
+	switches     prometheus.Counter
+	bytes        *prometheus.CounterVec
+	compression  prometheus.Histogram
+	rtt          prometheus.Gauge
+	bandwidth    prometheus.Gauge
+	generations  *prometheus.CounterVec
+	active       prometheus.Gauge
+	aborted      prometheus.Counter
+}
+
+// NewMetrics registers the generation metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg)
+	latency := prometheus.ExponentialBuckets(0.005, 2, 12) // 5 ms … 10 s
+	return &Metrics{
+		ttft: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "dragon_ttft_seconds", Help: "Time from the start of a generation to its first token.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 1.6, 14),
+		}),
+		tokenLatency: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "dragon_token_latency_seconds", Help: "Time between consecutive tokens of an answer.", Buckets: latency,
+		}),
+		tokens: f.NewCounter(prometheus.CounterOpts{Name: "dragon_tokens_total", Help: "Answer tokens decided."}),
+		drafts: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dragon_drafts_total", Help: "Drafts by side and outcome (accepted, rejected, stale).",
+		}, []string{"side", "outcome"}),
+		switches: f.NewCounter(prometheus.CounterOpts{Name: "dragon_aggregator_switches_total", Help: "Times the aggregator moved between sides."}),
+		bytes: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dragon_peer_bytes_total", Help: "Bytes of peer messages by direction (sent, received).",
+		}, []string{"direction"}),
+		compression: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "dragon_codec_compression_ratio", Help: "Size of a full-vocabulary float32 distribution over its encoded size.",
+			Buckets: prometheus.ExponentialBuckets(8, 2, 12),
+		}),
+		rtt:       f.NewGauge(prometheus.GaugeOpts{Name: "dragon_rtt_seconds", Help: "Last round-trip estimate to the peer."}),
+		bandwidth: f.NewGauge(prometheus.GaugeOpts{Name: "dragon_bandwidth_bytes_per_second", Help: "Last bandwidth estimate to the peer (0: unknown)."}),
+		generations: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dragon_generations_total", Help: "Generations by mode and outcome (ok, fallback, error).",
+		}, []string{"mode", "outcome"}),
+		active:  f.NewGauge(prometheus.GaugeOpts{Name: "dragon_sessions", Help: "Generations in progress."}),
+		aborted: f.NewCounter(prometheus.CounterOpts{Name: "dragon_aborted_passes_total", Help: "Forward passes stopped because a rejection made their drafts stale."}),
+	}
+}
+
+// Begin counts a generation in progress; call the returned func when it
+// ends.
+func (m *Metrics) Begin() func() {
+	if m == nil {
+		return func() {}
+	}
+	m.active.Inc()
+	return m.active.Dec
+}
+
+// Observe records a finished generation that started at start.
+func (m *Metrics) Observe(mode string, start time.Time, sum Summary, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	switch {
+	case err != nil:
+		outcome = "error"
+	case sum.Fallback:
+		outcome = "fallback"
+	}
+	m.generations.WithLabelValues(mode, outcome).Inc()
+	if len(sum.TokenTimes) > 0 {
+		m.ttft.Observe(sum.TokenTimes[0].Sub(start).Seconds())
+	}
+	for i := 1; i < len(sum.TokenTimes); i++ {
+		m.tokenLatency.Observe(sum.TokenTimes[i].Sub(sum.TokenTimes[i-1]).Seconds())
+	}
+	m.tokens.Add(float64(len(sum.Tokens)))
+	for i, side := range aggregator.Sides {
+		m.drafts.WithLabelValues(side.String(), "accepted").Add(float64(sum.Accepted[i]))
+		m.drafts.WithLabelValues(side.String(), "rejected").Add(float64(sum.Rejected[i]))
+		m.drafts.WithLabelValues(side.String(), "stale").Add(float64(sum.Stale[i]))
+	}
+	m.switches.Add(float64(sum.Switches))
+	m.bytes.WithLabelValues("sent").Add(float64(sum.BytesSent))
+	m.bytes.WithLabelValues("received").Add(float64(sum.BytesReceived))
+	m.aborted.Add(float64(sum.AbortedPasses))
+	if sum.RTT > 0 {
+		m.rtt.Set(sum.RTT.Seconds())
+	}
+}
+
+// draftSent records the compression of one encoded distribution.
+func (m *Metrics) draftSent(vocab, payload int) {
+	if m == nil || payload == 0 {
+		return
+	}
+	m.compression.Observe(float64(4*vocab) / float64(payload))
+}
+
+// link records the link estimates.
+func (m *Metrics) link(rtt time.Duration, bytesPerSecond float64) {
+	if m == nil {
+		return
+	}
+	m.rtt.Set(rtt.Seconds())
+	m.bandwidth.Set(bytesPerSecond)
+}

@@ -1,0 +1,68 @@
+package session
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	done := m.Begin()
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.active))
+	start := time.Now()
+	sum := Summary{
+		Tokens:     []int32{5, 6, 7},
+		TokenTimes: []time.Time{start.Add(time.Second), start.Add(1100 * time.Millisecond), start.Add(1200 * time.Millisecond)},
+		Accepted:   [2]uint64{3, 2}, Rejected: [2]uint64{0, 1}, Stale: [2]uint64{1, 0},
+		Switches: 2, BytesSent: 100, BytesReceived: 200, RTT: 30 * time.Millisecond,
+	}
+	m.Observe("dragon", start, sum, nil)
+	m.Observe("tw", start, Summary{Fallback: true}, nil)
+	m.Observe("tw", start, Summary{}, errors.New("boom"))
+	m.draftSent(49152, 300)
+	done()
+
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.active))
+	assert.Equal(t, 3.0, testutil.ToFloat64(m.tokens))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.drafts.WithLabelValues("cloud", "rejected")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.generations.WithLabelValues("tw", "fallback")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.generations.WithLabelValues("tw", "error")))
+	assert.InDelta(t, 0.03, testutil.ToFloat64(m.rtt), 1e-9)
+	require.NoError(t, testutil.CollectAndCompare(m.bytes, strings.NewReader(`
+# HELP dragon_peer_bytes_total Bytes of peer messages by direction (sent, received).
+# TYPE dragon_peer_bytes_total counter
+dragon_peer_bytes_total{direction="received"} 200
+dragon_peer_bytes_total{direction="sent"} 100
+`)))
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems, "metric names and help pass promlint")
+
+	var nilMetrics *Metrics
+	nilMetrics.Observe("dragon", start, sum, nil) // records nothing, does not panic
+	nilMetrics.Begin()()
+}
+
+func TestModeNames(t *testing.T) {
+	for m := range dragonv1.Mode_name {
+		mode := dragonv1.Mode(m)
+		if mode == dragonv1.Mode_MODE_UNSPECIFIED {
+			continue
+		}
+		got, err := ParseModeName(ModeName(mode))
+		require.NoError(t, err)
+		assert.Equal(t, mode, got)
+	}
+	_, err := ParseModeName("telepathy")
+	assert.ErrorContains(t, err, "dragon, tw, sw")
+}
