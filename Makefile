@@ -24,7 +24,7 @@ export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps proto-tools model build test test-short vet fmt run profile bench cpuprobe clean
+.PHONY: all deps proto-tools model build test test-short vet fmt run profile pyopenai bench cpuprobe clean
 
 all: build
 
@@ -68,9 +68,17 @@ vet: deps
 
 # The whole suite, real model, corpora and their (BM25) indexes included,
 # race detector on, then a short fuzz run of the distribution decoder.
-test: deps model corpus index vet proto-tools
+test: deps model corpus index vet proto-tools pyopenai
 	$(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
+
+# The official Python openai package, for the test of the device's
+# OpenAI-compatible API (PyPI; pinned).
+PYOPENAI := build/pyopenai
+pyopenai: $(PYOPENAI)/.installed
+$(PYOPENAI)/.installed:
+	python3 -m pip install --quiet --disable-pip-version-check --target $(PYOPENAI) openai==3.54.0
+	@touch $@
 
 # Quick loop without the race detector or fuzzing.
 test-short: deps model

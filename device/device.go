@@ -68,6 +68,13 @@ func (s *Server) Close() error { return s.dec.Close() }
 
 // Generate implements dragon.v1.DeviceService.
 func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceService_GenerateServer) error {
+	return s.Serve(stream.Context(), g, stream.Send)
+}
+
+// Serve runs one generation for any front end (gRPC, the OpenAI API): send
+// gets the chunks of the answer and, last, the summary. Errors are gRPC
+// statuses.
+func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send func(*dragonv1.GenerateResponse) error) error {
 	start := time.Now()
 	req, err := session.ParseGenerate(g, s.cfg.Limits, s.cfg.Defaults)
 	if err != nil {
@@ -82,10 +89,9 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 	default:
 		return wire.ResourceExhausted("device generations", 1, 1, 0)
 	}
-	ctx := stream.Context()
 	id := s.ids.Add(1)
-	log := s.cfg.Log.With("session", id, "mode", req.Mode.String())
-	out := newChunker(s.cfg.Model, req.Stop, stream)
+	log := s.cfg.Log.With("session", id, "mode", session.ModeName(req.Mode))
+	out := newChunker(s.cfg.Model, req.Stop, send)
 	opts := req.Options(aggregator.Device, id)
 	opts.Log, opts.Record, opts.Metrics = log, g.GetRecordTrace(), s.cfg.Metrics
 	defer s.cfg.Metrics.Begin()()
@@ -116,7 +122,7 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 		st.AcceptanceRateDevice, st.AcceptanceRateCloud = summary.GetAcceptanceRateDevice(), summary.GetAcceptanceRateCloud()
 		st.Rtt = durationpb.New(sum.RTT)
 	})
-	return stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Summary{Summary: summary}})
+	return send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Summary{Summary: summary}})
 }
 
 func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker) (session.Summary, error) {
@@ -339,7 +345,7 @@ func toStatus(ctx context.Context, err error) error {
 type chunker struct {
 	detok  *engine.Detokenizer
 	stop   []string
-	stream dragonv1.DeviceService_GenerateServer
+	out    func(*dragonv1.GenerateResponse) error
 	text   strings.Builder // the answer so far
 	sent   int             // bytes of text already streamed
 	step   uint64
@@ -361,8 +367,8 @@ func (c *chunker) fallback(step int, cause error) {
 // sentAny reports whether any of the answer reached the app.
 func (c *chunker) sentAny() bool { return c.chunks > 0 }
 
-func newChunker(m engine.Model, stop []string, stream dragonv1.DeviceService_GenerateServer) *chunker {
-	return &chunker{detok: engine.NewDetokenizer(m), stop: stop, stream: stream}
+func newChunker(m engine.Model, stop []string, out func(*dragonv1.GenerateResponse) error) *chunker {
+	return &chunker{detok: engine.NewDetokenizer(m), stop: stop, out: out}
 }
 
 func (c *chunker) emit(step int, tok engine.Token) (bool, error) {
@@ -390,7 +396,7 @@ func (c *chunker) send(end int) error {
 	c.toks = nil
 	c.announce = false
 	c.chunks++
-	return c.stream.Send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Chunk{Chunk: chunk}})
+	return c.out(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Chunk{Chunk: chunk}})
 }
 
 // flush streams what was held back.

@@ -60,7 +60,7 @@ func TestChunkerStopStrings(t *testing.T) {
 	}
 	for _, c := range cases {
 		rec := &recorder{ctx: context.Background()}
-		ch := newChunker(m, c.stop, rec)
+		ch := newChunker(m, c.stop, rec.Send)
 		stopped := false
 		for i, tok := range toks(t, m, c.text) {
 			s, err := ch.emit(i, tok)

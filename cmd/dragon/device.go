@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -25,13 +26,16 @@ func newDeviceCmd() *cobra.Command {
 		cloudPassages int
 		mode          string
 		cloudTimeout  time.Duration
+		modelID       string
 		peer          wire.Config
 	)
 	cmd := &cobra.Command{
 		Use:   "device",
 		Short: "Run the device daemon: the private corpus and the model, serving local apps, with the cloud as peer",
 		Long: `Serves dragon.v1.DeviceService (and grpc.health.v1) on --listen for local
-apps (dragon ask --device ADDR). Each generation retrieves from this
+apps (dragon ask --device ADDR), and an OpenAI-compatible HTTP API
+(/v1/chat/completions, /v1/completions, /v1/models; the same --token as API
+key) with /metrics, /healthz and /readyz on --http. Each generation retrieves from this
 device's corpus and opens a peer stream to the cloud at --cloud (empty:
 device-only). With no flags it serves the model and index that make run
 builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
@@ -85,6 +89,10 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			}
 			defer srv.Close()
 			h := newHTTPServer(s.registry, f.pprof, func() string { return "cloud: " + cloudState() })
+			if modelID == "" {
+				modelID = strings.TrimSuffix(filepath.Base(f.model), ".gguf")
+			}
+			device.NewOpenAI(srv, modelID, f.grpc.Token).Register(h.mux)
 			return serveAll(cmd.Context(), log, &f, h, func(g *grpc.Server) {
 				dragonv1.RegisterDeviceServiceServer(g, srv)
 			})
@@ -95,6 +103,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
 	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")
 	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only, context or kv")
+	fs.StringVar(&modelID, "model-id", "", "model id of the OpenAI-compatible API on --http (default: the model file's name without .gguf)")
 	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud decides no step for this long (it is also finished alone when the cloud goes away)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd

@@ -1,0 +1,530 @@
+package device
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dragon-rag/dragon/aggregator"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+)
+
+// OpenAI is an OpenAI-compatible HTTP front end of the device
+// (/v1/chat/completions, /v1/completions, /v1/models), so that apps written
+// for that API use the device unchanged. DRAGON's own options (mode,
+// passages per side, codec top-p, strategy) are extra request fields stock
+// clients may omit; the last user message is the query both sides retrieve
+// for, system messages the system prompt.
+type OpenAI struct {
+	srv   *Server
+	model string
+	token string
+	clock func() time.Time
+}
+
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
+// NewOpenAI serves srv under the model id model; token, when set, is the
+// API key requests must carry ("Authorization: Bearer <token>").
+func NewOpenAI(srv *Server, model, token string) *OpenAI {
+	return &OpenAI{srv: srv, model: model, token: token, clock: time.Now}
+}
+
+// Register adds the API's routes to mux.
+func (o *OpenAI) Register(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/models", o.auth(o.models))
+	mux.HandleFunc("GET /v1/models/{id}", o.auth(o.modelByID))
+	mux.HandleFunc("POST /v1/chat/completions", o.auth(o.chat))
+	mux.HandleFunc("POST /v1/completions", o.auth(o.completions))
+}
+
+// apiError is an OpenAI error body.
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func writeError(w http.ResponseWriter, httpStatus int, typ, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(httpStatus)
+	e := apiError{Message: msg, Type: typ}
+	if code != "" {
+		e.Code = &code
+	}
+	_ = json.NewEncoder(w).Encode(map[string]apiError{"error": e})
+}
+
+// writeStatus maps a gRPC status to the API's error.
+func writeStatus(w http.ResponseWriter, err error) {
+	st := status.Convert(err)
+	code, typ := http.StatusInternalServerError, "server_error"
+	switch st.Code() {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		code, typ = http.StatusBadRequest, "invalid_request_error"
+	case codes.ResourceExhausted:
+		code, typ = http.StatusTooManyRequests, "rate_limit_error"
+	case codes.Unavailable:
+		code = http.StatusServiceUnavailable
+	case codes.DeadlineExceeded:
+		code = http.StatusGatewayTimeout
+	case codes.Canceled:
+		code, typ = 499, "invalid_request_error" // the client went away
+	case codes.Unimplemented:
+		code, typ = http.StatusNotImplemented, "invalid_request_error"
+	}
+	writeError(w, code, typ, "", st.Message())
+}
+
+func (o *OpenAI) auth(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if o.token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(o.token)) != 1 {
+				writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "missing or wrong API key (Authorization: Bearer <key>)")
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (o *OpenAI) modelObject() modelObject {
+	return modelObject{ID: o.model, Object: "model", Created: 0, OwnedBy: "dragon"}
+}
+
+func (o *OpenAI) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, map[string]any{"object": "list", "data": []modelObject{o.modelObject()}})
+}
+
+func (o *OpenAI) modelByID(w http.ResponseWriter, r *http.Request) {
+	if r.PathValue("id") != o.model {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", fmt.Sprintf("the model %q does not exist; this device serves %q", r.PathValue("id"), o.model))
+		return
+	}
+	writeJSON(w, o.modelObject())
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// stopField is OpenAI's stop: a string or a list of strings.
+type stopField []string
+
+func (s *stopField) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*s = stopField{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("stop must be a string or a list of strings")
+	}
+	*s = many
+	return nil
+}
+
+// content is a message's content: a string or a list of text parts.
+type content string
+
+func (c *content) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*c = content(s)
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return errors.New("message content must be a string or a list of parts")
+	}
+	var out strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return fmt.Errorf("content parts of type %q are not supported (text only)", p.Type)
+		}
+		out.WriteString(p.Text)
+	}
+	*c = content(out.String())
+	return nil
+}
+
+// options are the fields shared by both endpoints, OpenAI's and DRAGON's.
+type options struct {
+	Model               string    `json:"model"`
+	Stream              bool      `json:"stream"`
+	MaxTokens           *int      `json:"max_tokens"`
+	MaxCompletionTokens *int      `json:"max_completion_tokens"`
+	Temperature         *float64  `json:"temperature"`
+	TopP                *float64  `json:"top_p"`
+	Seed                *int64    `json:"seed"`
+	Stop                stopField `json:"stop"`
+	N                   *int      `json:"n"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	// DRAGON's options.
+	Mode           string   `json:"mode"`
+	PassagesDevice *int     `json:"passages_device"`
+	PassagesCloud  *int     `json:"passages_cloud"`
+	CodecTopP      *float64 `json:"codec_top_p"`
+	Strategy       string   `json:"strategy"`
+}
+
+type chatRequest struct {
+	options
+	Messages []struct {
+		Role    string  `json:"role"`
+		Content content `json:"content"`
+	} `json:"messages"`
+}
+
+type completionRequest struct {
+	options
+	Prompt json.RawMessage `json:"prompt"`
+	Echo   bool            `json:"echo"`
+	Suffix *string         `json:"suffix"`
+}
+
+// badRequest is a request error: HTTP 400 with the field at fault.
+type badRequest struct{ msg string }
+
+func (b badRequest) Error() string { return b.msg }
+
+func bad(format string, a ...any) error { return badRequest{fmt.Sprintf(format, a...)} }
+
+// decode reads a JSON body of at most maxBody bytes of valid UTF-8.
+func decode(w http.ResponseWriter, r *http.Request, v any) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return bad("request body larger than %d bytes", maxBody)
+		}
+		return bad("reading the request: %v", err)
+	}
+	if !utf8.Valid(body) {
+		return bad("request body is not valid UTF-8")
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	if err := dec.Decode(v); err != nil {
+		return bad("invalid JSON: %v", err)
+	}
+	return nil
+}
+
+// request turns the shared options into a device request.
+func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.GenerateRequest, error) {
+	if opts.Model != o.model {
+		return nil, modelNotFound{opts.Model, o.model}
+	}
+	if opts.N != nil && *opts.N != 1 {
+		return nil, bad("n = %d: this server returns one choice", *opts.N)
+	}
+	sp := &dragonv1.SamplingParams{Temperature: 1, Stop: opts.Stop}
+	if opts.Temperature != nil {
+		if *opts.Temperature < 0 || *opts.Temperature > 2 {
+			return nil, bad("temperature %v is not in [0, 2]", *opts.Temperature)
+		}
+		sp.Temperature = float32(*opts.Temperature)
+	}
+	if opts.TopP != nil {
+		if *opts.TopP <= 0 || *opts.TopP > 1 {
+			return nil, bad("top_p %v is not in (0, 1]", *opts.TopP)
+		}
+		sp.TopP = float32(*opts.TopP)
+	}
+	maxTokens := opts.MaxCompletionTokens
+	if maxTokens == nil {
+		maxTokens = opts.MaxTokens
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 {
+			return nil, bad("max_tokens %d: need at least 1", *maxTokens)
+		}
+		sp.MaxTokens = uint32(*maxTokens)
+	}
+	if opts.Seed != nil {
+		sp.Seed = uint64(*opts.Seed)
+	} else {
+		sp.Seed = rand.Uint64()
+	}
+	g := &dragonv1.GenerateRequest{Prompt: prompt, System: system, Sampling: sp}
+	if opts.Mode != "" {
+		m, err := session.ParseModeName(opts.Mode)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		g.Mode = m
+	}
+	for name, p := range map[string]*int{"passages_device": opts.PassagesDevice, "passages_cloud": opts.PassagesCloud} {
+		if p != nil && *p < 0 {
+			return nil, bad("%s %d is negative", name, *p)
+		}
+	}
+	if opts.PassagesDevice != nil {
+		g.PassagesDevice = uint32(*opts.PassagesDevice)
+	}
+	if opts.PassagesCloud != nil {
+		g.PassagesCloud = uint32(*opts.PassagesCloud)
+	}
+	if opts.CodecTopP != nil {
+		g.CodecTopP = float32(*opts.CodecTopP)
+	}
+	if opts.Strategy != "" {
+		st, err := aggregator.ParseStrategy(opts.Strategy)
+		if err != nil {
+			return nil, bad("%v", err)
+		}
+		g.Strategy = session.StrategyToProto(st)
+	}
+	return g, nil
+}
+
+type modelNotFound struct{ asked, served string }
+
+func (m modelNotFound) Error() string {
+	return fmt.Sprintf("the model %q does not exist; this device serves %q", m.asked, m.served)
+}
+
+func (o *OpenAI) fail(w http.ResponseWriter, err error) {
+	var br badRequest
+	var mnf modelNotFound
+	switch {
+	case errors.As(err, &br):
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", br.msg)
+	case errors.As(err, &mnf):
+		writeError(w, http.StatusNotFound, "invalid_request_error", "model_not_found", mnf.Error())
+	default:
+		writeStatus(w, err)
+	}
+}
+
+func (o *OpenAI) chat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if err := decode(w, r, &req); err != nil {
+		o.fail(w, err)
+		return
+	}
+	var system []string
+	prompt := ""
+	for i, m := range req.Messages {
+		switch m.Role {
+		case "system", "developer":
+			system = append(system, string(m.Content))
+		case "user":
+			prompt = string(m.Content)
+		case "assistant", "tool":
+		default:
+			o.fail(w, bad("messages[%d]: unknown role %q", i, m.Role))
+			return
+		}
+	}
+	if prompt == "" {
+		o.fail(w, bad("messages: no user message with content"))
+		return
+	}
+	g, err := o.request(req.options, prompt, strings.Join(system, "\n"))
+	if err != nil {
+		o.fail(w, err)
+		return
+	}
+	o.run(w, r, req.options, g, "chat.completion")
+}
+
+func (o *OpenAI) completions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if err := decode(w, r, &req); err != nil {
+		o.fail(w, err)
+		return
+	}
+	if req.Echo || req.Suffix != nil {
+		o.fail(w, bad("echo and suffix are not supported"))
+		return
+	}
+	var prompt string
+	if err := json.Unmarshal(req.Prompt, &prompt); err != nil {
+		var prompts []string
+		if err := json.Unmarshal(req.Prompt, &prompts); err != nil || len(prompts) != 1 {
+			o.fail(w, bad("prompt must be a string (or a list of one string)"))
+			return
+		}
+		prompt = prompts[0]
+	}
+	g, err := o.request(req.options, prompt, "")
+	if err != nil {
+		o.fail(w, err)
+		return
+	}
+	o.run(w, r, req.options, g, "text_completion")
+}
+
+// usage is OpenAI's token accounting: the prompt as the client sent it
+// (the passages the sides add are not counted), the answer's tokens.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+func (o *OpenAI) usage(g *dragonv1.GenerateRequest, completion int) usage {
+	n := 0
+	for _, s := range []string{g.GetSystem(), g.GetPrompt()} {
+		if toks, err := o.srv.cfg.Model.Tokenize(s, false, false); err == nil {
+			n += len(toks)
+		}
+	}
+	return usage{PromptTokens: n, CompletionTokens: completion, TotalTokens: n + completion}
+}
+
+func finishName(f dragonv1.FinishReason) string {
+	if f == dragonv1.FinishReason_FINISH_REASON_LENGTH || f == dragonv1.FinishReason_FINISH_REASON_CONTEXT_FULL {
+		return "length"
+	}
+	return "stop"
+}
+
+// extra is what a response tells beyond the API: how DRAGON answered.
+func extra(s *dragonv1.GenerateSummary) map[string]any {
+	return map[string]any{
+		"mode": session.ModeName(s.GetMode()), "ttft_ms": float64(s.GetTtft().AsDuration()) / 1e6,
+		"per_token_ms": float64(s.GetTokenLatencyMean().AsDuration()) / 1e6, "fallback": s.GetFallback(),
+		"acceptance_device": s.GetAcceptanceRateDevice(), "acceptance_cloud": s.GetAcceptanceRateCloud(),
+		"aggregator_switches": s.GetAggregatorSwitches(),
+	}
+}
+
+// run generates and answers, as one JSON object or as server-sent events.
+func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dragonv1.GenerateRequest, object string) {
+	id := fmt.Sprintf("dragon-%x", rand.Uint64())
+	created := o.clock().Unix()
+	chat := object == "chat.completion"
+	if !opts.Stream {
+		var text strings.Builder
+		var sum *dragonv1.GenerateSummary
+		err := o.srv.Serve(r.Context(), g, func(m *dragonv1.GenerateResponse) error {
+			text.WriteString(m.GetChunk().GetText())
+			if s := m.GetSummary(); s != nil {
+				sum = s
+			}
+			return nil
+		})
+		if err != nil {
+			o.fail(w, err)
+			return
+		}
+		choice := map[string]any{"index": 0, "finish_reason": finishName(sum.GetFinishReason()), "logprobs": nil}
+		if chat {
+			choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
+		} else {
+			choice["text"] = text.String()
+		}
+		writeJSON(w, map[string]any{
+			"id": id, "object": object, "created": created, "model": o.model,
+			"choices": []any{choice}, "usage": o.usage(g, int(sum.GetTokens())), "dragon": extra(sum),
+		})
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	chunkObject := object
+	if chat {
+		chunkObject = "chat.completion.chunk"
+	}
+	event := func(choice map[string]any, more map[string]any) error {
+		c := map[string]any{"id": id, "object": chunkObject, "created": created, "model": o.model}
+		if choice != nil {
+			c["choices"] = []any{choice}
+		} else {
+			c["choices"] = []any{}
+		}
+		for k, v := range more {
+			c[k] = v
+		}
+		b, err := json.Marshal(c)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	}
+	delta := func(text string, first bool) map[string]any {
+		if chat {
+			d := map[string]any{"content": text}
+			if first {
+				d["role"] = "assistant"
+			}
+			return map[string]any{"index": 0, "delta": d, "finish_reason": nil}
+		}
+		return map[string]any{"index": 0, "text": text, "finish_reason": nil, "logprobs": nil}
+	}
+	started := false
+	var sum *dragonv1.GenerateSummary
+	err := o.srv.Serve(r.Context(), g, func(m *dragonv1.GenerateResponse) error {
+		if s := m.GetSummary(); s != nil {
+			sum = s
+			return nil
+		}
+		text := m.GetChunk().GetText()
+		if text == "" && started {
+			return nil
+		}
+		err := event(delta(text, !started), nil)
+		started = true
+		return err
+	})
+	if err != nil {
+		if !started {
+			o.fail(w, err)
+			return
+		}
+		st := status.Convert(err)
+		b, _ := json.Marshal(map[string]apiError{"error": {Message: st.Message(), Type: "server_error"}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+		return
+	}
+	last := delta("", !started)
+	last["finish_reason"] = finishName(sum.GetFinishReason())
+	if chat {
+		last["delta"] = map[string]any{}
+	}
+	_ = event(last, map[string]any{"dragon": extra(sum)})
+	if opts.StreamOptions != nil && opts.StreamOptions.IncludeUsage {
+		_ = event(nil, map[string]any{"usage": o.usage(g, int(sum.GetTokens()))})
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
