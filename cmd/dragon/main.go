@@ -27,13 +27,23 @@ func main() {
 func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	var verbose bool
-	root := &cobra.Command{
+	var (
+		verbose bool
+		config  string
+		root    *cobra.Command
+	)
+	root = &cobra.Command{
 		Use:           "dragon",
 		Short:         "Device–cloud distributed retrieval-augmented generation",
+		Long: `Device–cloud distributed retrieval-augmented generation.
+
+Every flag can also be set as DRAGON_<COMMAND>_<FLAG> in the environment
+(DRAGON_DEVICE_CLOUD_TIMEOUT=5s) or in a YAML --config file (a map per
+command of flag names to values); the command line wins, then the
+environment, then the file.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(cmd *cobra.Command, args []string) {
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			// llama.cpp logs through slog's level too: its warnings (context
 			// sizes, graph reservations) are noise for a CLI user.
 			level := slog.LevelError
@@ -41,9 +51,14 @@ func run() error {
 				level = slog.LevelDebug
 			}
 			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			if err := checkConfigCommands(root, config); err != nil {
+				return err
+			}
+			return applyConfig(cmd, config)
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug output (llama.cpp's too)")
+	root.PersistentFlags().StringVar(&config, "config", "", "YAML file of flag values by command (see dragon --help)")
 	for _, c := range commands {
 		root.AddCommand(c())
 	}
