@@ -33,8 +33,8 @@ func run() error {
 		root    *cobra.Command
 	)
 	root = &cobra.Command{
-		Use:           "dragon",
-		Short:         "Device–cloud distributed retrieval-augmented generation",
+		Use:   "dragon",
+		Short: "Device–cloud distributed retrieval-augmented generation",
 		Long: `Device–cloud distributed retrieval-augmented generation.
 
 Every flag can also be set as DRAGON_<COMMAND>_<FLAG> in the environment
