@@ -91,6 +91,11 @@ type Options struct {
 	// NoCostModel verifies every draft the drafter offers, whole, instead
 	// of letting the cost model choose the length (for ablations).
 	NoCostModel bool
+	// Context, when set, is the engine context to decode in instead of a
+	// new one (a batcher.Slot sharing a context with other decoders): it
+	// must hold MaxPassages sequences of CtxPerSeq positions, and token
+	// trees cannot use it.
+	Context engine.Context
 	// VerifyTable holds measured verification costs (ms by batch rows) for
 	// the cost model, which refines it online; nil: New measures one with
 	// ProfileVerify (about a second on a 2-core CPU) when the cost model
@@ -180,9 +185,22 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 		copts.Unified = true
 		copts.Cells = opts.MaxPassages * (opts.CtxPerSeq + opts.Spec.TreeBudget)
 	}
-	c, err := m.NewContext(copts)
-	if err != nil {
-		return nil, fmt.Errorf("decoder: %w", err)
+	var c engine.Context
+	if opts.Context != nil {
+		co := opts.Context.Options()
+		switch {
+		case branches > 1:
+			return nil, fmt.Errorf("decoder: %w: token trees need a context of their own", engine.ErrInvalidInput)
+		case co.MaxSeqs < opts.MaxPassages || co.CtxPerSeq < opts.CtxPerSeq:
+			return nil, fmt.Errorf("decoder: %w: the given context holds %d sequences of %d positions, the decoder needs %d of %d",
+				engine.ErrInvalidInput, co.MaxSeqs, co.CtxPerSeq, opts.MaxPassages, opts.CtxPerSeq)
+		}
+		c = opts.Context
+	} else {
+		var err error
+		if c, err = m.NewContext(copts); err != nil {
+			return nil, fmt.Errorf("decoder: %w", err)
+		}
 	}
 	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches}
 	d.logits = make([]float32, d.vocab)
@@ -191,6 +209,7 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	table := opts.VerifyTable
 	if table == nil && opts.Spec.Enabled && !opts.NoCostModel {
 		rows := (max(opts.Spec.MaxDraft, opts.Spec.TreeBudget) + 1) * opts.MaxPassages
+		var err error
 		if table, err = ProfileVerify(context.Background(), c, rows, 2); err != nil {
 			c.Close()
 			return nil, err

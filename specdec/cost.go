@@ -31,6 +31,15 @@ const costWindow = 9
 // to cost this fraction of a one-row pass. A placeholder until measured.
 const priorSlope = 0.2
 
+// Clone is an independent copy, for another decoder to refine.
+func (t *VerifyTable) Clone() *VerifyTable {
+	c := &VerifyTable{pts: slices.Clone(t.pts), LeafMs: t.LeafMs}
+	for i := range c.pts {
+		c.pts[i].recent = slices.Clone(c.pts[i].recent)
+	}
+	return c
+}
+
 // Set records a measurement, replacing what the table held at that size.
 func (t *VerifyTable) Set(rows int, ms float64) {
 	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
