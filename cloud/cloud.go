@@ -1,13 +1,17 @@
-// Package cloud is the cloud daemon's peer server: it answers a device's
-// Session stream with the same session code the device runs, over its own
-// corpus. One generation at a time (a second device is told to retry);
-// the multi-session batching server comes later.
+// Package cloud is the cloud daemon's peer server: it answers devices'
+// Session streams with the same session code the devices run, over its
+// own corpus. Sessions share one loaded model and one engine context: each
+// holds a slot of an engine/batcher executor, which decodes the rows of
+// every live session in one pass per tick. Admission is bounded: a few
+// sessions may wait for a slot, the rest are told to retry.
 package cloud
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -15,6 +19,8 @@ import (
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/batcher"
 	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
@@ -24,28 +30,126 @@ import (
 // Config configures the cloud side.
 type Config struct {
 	session.SideConfig
+	// MaxSessions is how many generations run at once (0: 4).
+	MaxSessions int
+	// MaxQueue is how many more may wait for one of them (0: MaxSessions;
+	// negative: none), each at most QueueTimeout (0: 10 s).
+	MaxQueue     int
+	QueueTimeout time.Duration
+	// SessionTimeout bounds one generation (0: 5 minutes).
+	SessionTimeout time.Duration
+}
+
+func (c *Config) defaults() {
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = 4
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = c.MaxSessions
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = 10 * time.Second
+	}
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 5 * time.Minute
+	}
 }
 
 // Server serves dragon.v1.PeerService.
 type Server struct {
 	dragonv1.UnimplementedPeerServiceServer
-	cfg   Config
-	hello *dragonv1.Hello
-	dec   *decoder.Decoder
-	busy  chan struct{}
+	cfg      Config
+	hello    *dragonv1.Hello
+	exec     *batcher.Executor
+	decoders map[*batcher.Slot]*decoder.Decoder
+	waiting  atomic.Int32
 }
 
-// New loads the decoder the server generates with.
+// New loads a decoder per session slot, all sharing one engine context.
 func New(cfg Config) (*Server, error) {
-	dec, hello, err := cfg.Open(aggregator.Cloud)
+	cfg.defaults()
+	if cfg.Model == nil {
+		return nil, errors.New("cloud: no model")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	opts := cfg.Decoder
+	if opts.MaxPassages <= 0 {
+		opts.MaxPassages = 8
+	}
+	if opts.CtxPerSeq <= 0 {
+		opts.CtxPerSeq = 1024
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = 512
+	}
+	exec, err := batcher.New(cfg.Model, batcher.Options{
+		Slots: cfg.MaxSessions, SeqsPerSlot: opts.MaxPassages,
+		Context: engine.ContextOptions{CtxPerSeq: opts.CtxPerSeq, BatchSize: opts.BatchSize, Threads: opts.Threads},
+		OnTick:  cfg.Metrics.Tick,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("cloud: %w", err)
 	}
-	return &Server{cfg: cfg, hello: hello, dec: dec, busy: make(chan struct{}, 1)}, nil
+	s := &Server{cfg: cfg, exec: exec, decoders: map[*batcher.Slot]*decoder.Decoder{}}
+	if opts.Spec.Enabled && !opts.NoCostModel && opts.VerifyTable == nil {
+		// One profile of verification costs for all: each decoder refines
+		// a copy of its own.
+		rows := (opts.Spec.MaxDraft + 1) * opts.MaxPassages
+		if opts.VerifyTable, err = decoder.ProfileVerify(context.Background(), exec.Slot(0), rows, 2); err != nil {
+			exec.Close()
+			return nil, fmt.Errorf("cloud: %w", err)
+		}
+	}
+	for i := range exec.Slots() {
+		slot := exec.Slot(i)
+		o := opts
+		o.Context = slot
+		if opts.VerifyTable != nil {
+			o.VerifyTable = opts.VerifyTable.Clone()
+		}
+		side := cfg.SideConfig
+		side.Decoder = o
+		dec, hello, err := side.Open(aggregator.Cloud)
+		if err != nil {
+			exec.Close()
+			return nil, fmt.Errorf("cloud: %w", err)
+		}
+		s.decoders[slot], s.hello = dec, hello
+	}
+	return s, nil
 }
 
-// Close frees the decoder.
-func (s *Server) Close() error { return s.dec.Close() }
+// Close frees the decoders and the shared context.
+func (s *Server) Close() error {
+	for _, d := range s.decoders {
+		d.Close()
+	}
+	return s.exec.Close()
+}
+
+// admit takes a slot for a session, waiting in the bounded queue when all
+// are busy; a session the queue cannot take, or that waits too long, is
+// told to retry.
+func (s *Server) admit(ctx context.Context) (*batcher.Slot, error) {
+	if slot, ok := s.exec.TryAcquire(); ok {
+		return slot, nil
+	}
+	n := s.waiting.Add(1)
+	s.cfg.Metrics.Queue(int(n))
+	defer func() { s.cfg.Metrics.Queue(int(s.waiting.Add(-1))) }()
+	if int(n) > max(s.cfg.MaxQueue, 0) {
+		return nil, wire.ResourceExhausted("cloud sessions", int64(s.cfg.MaxSessions), int64(s.cfg.MaxSessions), time.Second)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueueTimeout)
+	defer cancel()
+	slot, err := s.exec.Acquire(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "cloud sessions exhausted (%d of %d in use) for %v; retry later", s.cfg.MaxSessions, s.cfg.MaxSessions, s.cfg.QueueTimeout)
+	}
+	return slot, nil
+}
 
 // Session implements dragon.v1.PeerService: one generation.
 func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
@@ -69,13 +173,15 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		return s.refuse(stream, b.GetSessionId(), status.Error(codes.InvalidArgument, "invalid mode: device-only generations do not use the cloud"))
 	}
-	select {
-	case s.busy <- struct{}{}:
-		defer func() { <-s.busy }()
-	default:
-		return s.refuse(stream, b.GetSessionId(), wire.ResourceExhausted("cloud generations", 1, 1, 0))
+	slot, err := s.admit(ctx)
+	if err != nil {
+		return s.refuse(stream, b.GetSessionId(), err)
 	}
-	log := s.cfg.Log.With("session", b.GetSessionId(), "mode", req.Mode.String())
+	defer s.exec.Release(slot)
+	dec := s.decoders[slot]
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.SessionTimeout)
+	defer cancel()
+	log := s.cfg.Log.With("session", b.GetSessionId(), "mode", session.ModeName(req.Mode))
 	id := b.GetSessionId()
 	opts := req.Options(aggregator.Cloud, id)
 	opts.Fits = [2]profiler.DecodeFit{session.FitFromHello(peer), s.cfg.Fit}
@@ -86,20 +192,20 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	if err != nil {
 		return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
 	}
-	s.dec.SetSystem(req.System)
+	dec.SetSystem(req.System)
 	log.Debug("cloud session", "passages", len(passages))
 	var sum session.Summary
 	switch req.Mode {
 	case dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, dragonv1.Mode_MODE_TOKEN_WISE_SYNC:
-		sum, err = session.Run(ctx, opts, s.dec, req.Query, passages, stream, nil)
+		sum, err = session.Run(ctx, opts, dec, req.Query, passages, stream, nil)
 	case dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC:
-		err = session.ServeSequenceWise(ctx, opts, s.dec, req.Query, passages, stream)
+		err = session.ServeSequenceWise(ctx, opts, dec, req.Query, passages, stream)
 	case dragonv1.Mode_MODE_CLOUD_ONLY:
-		err = session.ServeSolo(ctx, opts, s.dec, req.Query, passages, stream)
+		err = session.ServeSolo(ctx, opts, dec, req.Query, passages, stream)
 	case dragonv1.Mode_MODE_CONTEXT:
 		err = session.ServePassages(ctx, id, passages, stream)
 	case dragonv1.Mode_MODE_KV:
-		err = session.ServeKV(ctx, opts, s.dec, req.Query, passages, stream)
+		err = session.ServeKV(ctx, opts, dec, req.Query, passages, stream)
 	default:
 		return s.refuse(stream, id, status.Errorf(codes.Unimplemented, "mode %v is not served by this cloud", req.Mode))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -28,8 +29,13 @@ type stream struct {
 func (stream) Context() context.Context { return context.Background() }
 
 func newServer(t *testing.T) *Server {
-	s, err := New(Config{SideConfig: session.SideConfig{Model: fake.New(fake.Config{Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
-		Limits: session.Limits{MaxTokens: 32, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 8}}})
+	return newServerWith(t, Config{MaxSessions: 1, MaxQueue: -1})
+}
+
+func newServerWith(t *testing.T, cfg Config) *Server {
+	cfg.SideConfig = session.SideConfig{Model: fake.New(fake.Config{Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 32, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 8}}
+	s, err := New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
@@ -93,13 +99,36 @@ func TestSessionRefusals(t *testing.T) {
 	assert.Equal(t, codes.InvalidArgument, refusal(t, dev))
 	assert.Equal(t, codes.InvalidArgument, status.Code(<-done))
 
-	// One session at a time.
-	s.busy <- struct{}{}
+	// All slots busy and no queue: retry later.
+	slot, ok := s.exec.TryAcquire()
+	require.True(t, ok)
 	dev, done = open(t, s)
 	begin(t, dev, &dragonv1.Begin{SessionId: 2, Query: "q"})
 	assert.Equal(t, codes.ResourceExhausted, refusal(t, dev))
 	<-done
-	<-s.busy
+	s.exec.Release(slot)
+}
+
+// TestAdmissionQueue: a session waits in the queue for a slot and gets it
+// when one frees; one that waits longer than the queue timeout is refused.
+func TestAdmissionQueue(t *testing.T) {
+	s := newServerWith(t, Config{MaxSessions: 1, MaxQueue: 1, QueueTimeout: 300 * time.Millisecond})
+	slot, ok := s.exec.TryAcquire()
+	require.True(t, ok)
+	dev, done := open(t, s)
+	begin(t, dev, &dragonv1.Begin{SessionId: 3, Query: "q", Mode: dragonv1.Mode_MODE_CONTEXT})
+	assert.Equal(t, codes.ResourceExhausted, refusal(t, dev), "waited too long")
+	<-done
+
+	dev, done = open(t, s)
+	begin(t, dev, &dragonv1.Begin{SessionId: 4, Query: "q", Mode: dragonv1.Mode_MODE_CONTEXT})
+	time.Sleep(50 * time.Millisecond)
+	s.exec.Release(slot)
+	m, err := dev.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetPassages(), "served once the slot freed")
+	require.NoError(t, dev.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: 4}}}))
+	require.NoError(t, <-done)
 }
 
 // TestHandshakeRefusesOtherModel: a device with another model is told why.

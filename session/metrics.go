@@ -24,6 +24,9 @@ type Metrics struct {
 	generations  *prometheus.CounterVec
 	active       prometheus.Gauge
 	aborted      prometheus.Counter
+	queue        prometheus.Gauge
+	batchRows    prometheus.Histogram
+	batchSlots   prometheus.Histogram
 }
 
 // NewMetrics registers the generation metrics with reg.
@@ -57,7 +60,33 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"mode", "outcome"}),
 		active:  f.NewGauge(prometheus.GaugeOpts{Name: "dragon_sessions", Help: "Generations in progress."}),
 		aborted: f.NewCounter(prometheus.CounterOpts{Name: "dragon_aborted_passes_total", Help: "Forward passes stopped because a rejection made their drafts stale."}),
+		queue:   f.NewGauge(prometheus.GaugeOpts{Name: "dragon_queue_depth", Help: "Sessions waiting for a decoding slot."}),
+		batchRows: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "dragon_batch_rows", Help: "Rows of one shared forward pass (all sessions' rows in a tick).",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		batchSlots: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "dragon_batch_sessions", Help: "Sessions whose rows shared one forward pass.",
+			Buckets: prometheus.LinearBuckets(1, 1, 16),
+		}),
 	}
+}
+
+// Tick records one shared forward pass.
+func (m *Metrics) Tick(rows, sessions int) {
+	if m == nil {
+		return
+	}
+	m.batchRows.Observe(float64(rows))
+	m.batchSlots.Observe(float64(sessions))
+}
+
+// Queue records how many sessions wait for a slot.
+func (m *Metrics) Queue(n int) {
+	if m == nil {
+		return
+	}
+	m.queue.Set(float64(max(n, 0)))
 }
 
 // Begin counts a generation in progress; call the returned func when it

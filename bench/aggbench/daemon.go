@@ -26,9 +26,22 @@ type Daemon struct {
 	stopOnce sync.Once
 	stopErr  error
 	killed   atomic.Bool
+	http     atomic.Pointer[string]
 }
 
-var servingAddr = regexp.MustCompile(`msg=serving .*addr=(\S+)`)
+// HTTPAddr is where the daemon serves HTTP, once it has said so ("" until
+// then, or without --http).
+func (d *Daemon) HTTPAddr() string {
+	if p := d.http.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+var (
+	servingAddr = regexp.MustCompile(`msg=serving .*addr=(\S+)`)
+	httpAddr    = regexp.MustCompile(`msg="serving http" .*addr=(\S+)`)
+)
 
 // StartDaemon runs argv (the dragon binary and a daemon command line) with
 // extra environment variables, pinned to core when core ≥ 0 and taskset
@@ -58,6 +71,9 @@ func StartDaemon(name string, core int, env []string, argv ...string) (*Daemon, 
 			d.mu.Unlock()
 			if m := servingAddr.FindStringSubmatch(line); m != nil {
 				addr <- m[1]
+			}
+			if m := httpAddr.FindStringSubmatch(line); m != nil {
+				d.http.Store(&m[1])
 			}
 		}
 		close(addr)

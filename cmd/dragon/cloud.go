@@ -1,6 +1,9 @@
 package main
 
 import (
+	"fmt"
+	"time"
+
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -12,7 +15,10 @@ import (
 func init() { commands = append(commands, newCloudCmd) }
 
 func newCloudCmd() *cobra.Command {
-	var f sideFlags
+	var (
+		f     sideFlags
+		limit cloud.Config
+	)
 	cmd := &cobra.Command{
 		Use:   "cloud",
 		Short: "Run the cloud daemon: the public corpus and the model, serving devices' peer streams",
@@ -29,9 +35,15 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer s.close()
-			cfg := s.config(log)
-			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages}
-			srv, err := cloud.New(cloud.Config{SideConfig: cfg})
+			if limit.MaxSessions < 1 || limit.QueueTimeout <= 0 || limit.SessionTimeout <= 0 {
+				return fmt.Errorf("--max-sessions, --queue-timeout and --session-timeout must be positive")
+			}
+			if limit.MaxQueue == 0 {
+				limit.MaxQueue = -1 // the flag's 0 means no queue
+			}
+			limit.SideConfig = s.config(log)
+			limit.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages}
+			srv, err := cloud.New(limit)
 			if err != nil {
 				return err
 			}
@@ -42,5 +54,10 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 		},
 	}
 	f.register(cmd, defaultCloudAddr, defaultCloudHTTP, "data/index/cloud", "data/profile-cloud.json")
+	fs := cmd.Flags()
+	fs.IntVar(&limit.MaxSessions, "max-sessions", 4, "generations decoded at once, their rows batched into shared forward passes")
+	fs.IntVar(&limit.MaxQueue, "max-queue", 4, "generations that may wait for one of those (0: none; beyond: refused with RESOURCE_EXHAUSTED)")
+	fs.DurationVar(&limit.QueueTimeout, "queue-timeout", 10*time.Second, "longest wait in the queue")
+	fs.DurationVar(&limit.SessionTimeout, "session-timeout", 5*time.Minute, "longest generation")
 	return cmd
 }

@@ -52,6 +52,7 @@ type sideFlags struct {
 	maxPrompt                        int
 	noSpec, pprof                    bool
 	listen, http                     string
+	drain                            time.Duration
 	grpc                             wire.Config
 }
 
@@ -60,6 +61,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.StringVar(&f.listen, "listen", listen, "gRPC address to serve on")
 	fs.StringVar(&f.http, "http", http, "HTTP address for /metrics, /healthz and /readyz (empty: none)")
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
+	fs.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long generations in progress may take to finish")
 	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
 	fs.StringVar(&f.index, "index", index, "index folder of this side's corpus (make index; empty: no retrieval)")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
@@ -179,7 +181,7 @@ func autoInsecure(c *wire.Config, addr string) {
 
 // serve runs a gRPC server on addr with the health service until ctx is
 // done, then stops it gracefully (forcefully after a grace period).
-func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, register func(*grpc.Server)) error {
+func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, drain time.Duration, register func(*grpc.Server)) error {
 	autoInsecure(&cfg, addr)
 	cfg.NoAuthMethods = append(cfg.NoAuthMethods, "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch")
 	opts, err := cfg.ServerOptions()
@@ -211,7 +213,8 @@ func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, 
 	}()
 	select {
 	case <-stopped:
-	case <-time.After(10 * time.Second):
+	case <-time.After(drain):
+		log.Warn("generations still running after the drain timeout: stopping them", "drain_timeout", drain)
 		srv.Stop()
 	}
 	return nil
@@ -283,7 +286,7 @@ func serveAll(ctx context.Context, log *slog.Logger, f *sideFlags, h *httpServer
 		go func() { errc <- h.run(ctx, log, f.http) }()
 	}
 	go func() {
-		errc <- serve(ctx, log, f.listen, f.grpc, func(g *grpc.Server) {
+		errc <- serve(ctx, log, f.listen, f.grpc, f.drain, func(g *grpc.Server) {
 			register(g)
 			h.ready.Store(true)
 		})

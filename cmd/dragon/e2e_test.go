@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,4 +194,62 @@ func TestCloudKilledMidAnswer(t *testing.T) {
 		a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
 		return err == nil && !a.Summary.GetFallback() && a.Summary.GetBytesReceived() > 0
 	}, time.Minute, time.Second, "the restarted cloud is used again")
+}
+
+// TestConcurrentDevicesShareTheCloud: two device processes ask one cloud at
+// the same time; the cloud decodes both sessions' rows in shared passes,
+// and each answer is the one it gets alone (greedy).
+func TestConcurrentDevicesShareTheCloud(t *testing.T) {
+	model := testmodel.Path(t)
+	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--max-sessions", "2")
+	var clients []dragonv1.DeviceServiceClient
+	for i := range 2 {
+		dev := startDaemon(t, fmt.Sprintf("device%d", i), "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model,
+			"--threads", "1", "--index", testmodel.IndexDir(t, "device"), "--cloud", cld.Addr, "--profile", "")
+		conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, dragonv1.NewDeviceServiceClient(conn))
+	}
+	questions := promptset.Questions[:4]
+	req := func(q string) *dragonv1.GenerateRequest {
+		return &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 24}}
+	}
+	alone := make([][]int32, len(questions))
+	for i, q := range questions {
+		a, err := ask(t, clients[0], req(q))
+		require.NoError(t, err)
+		alone[i] = a.Tokens
+	}
+	for i := 0; i < len(questions); i += 2 {
+		var wg sync.WaitGroup
+		got := make([]aggbench.Answer, 2)
+		errs := make([]error, 2)
+		for k := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[k], errs[k] = aggbench.Ask(context.Background(), clients[k], req(questions[i+k]))
+			}()
+		}
+		wg.Wait()
+		for k := range 2 {
+			require.NoError(t, errs[k], "cloud log:\n%s", cld.Logs())
+			assert.False(t, got[k].Summary.GetFallback())
+			assert.Equal(t, alone[i+k], got[k].Tokens, "question %d together and alone", i+k)
+		}
+	}
+	require.Eventually(t, func() bool { return cld.HTTPAddr() != "" }, 10*time.Second, 50*time.Millisecond)
+	resp, err := http.Get("http://" + cld.HTTPAddr() + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	one := regexp.MustCompile(`dragon_batch_sessions_bucket\{le="1"\} (\d+)`).FindSubmatch(body)
+	all := regexp.MustCompile(`dragon_batch_sessions_count (\d+)`).FindSubmatch(body)
+	require.NotNil(t, one)
+	require.NotNil(t, all)
+	t.Logf("passes with one session: %s of %s", one[1], all[1])
+	assert.NotEqual(t, string(one[1]), string(all[1]), "some passes carried both sessions' rows")
 }
