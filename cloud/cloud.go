@@ -38,6 +38,10 @@ type Config struct {
 	QueueTimeout time.Duration
 	// SessionTimeout bounds one generation (0: 5 minutes).
 	SessionTimeout time.Duration
+	// PrefillChunk is the most prompt rows a session puts into one shared
+	// pass (0: 64): a long prefill goes in pieces, so that the sessions
+	// already answering wait for a piece rather than the whole of it.
+	PrefillChunk int
 }
 
 func (c *Config) defaults() {
@@ -52,6 +56,9 @@ func (c *Config) defaults() {
 	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = 5 * time.Minute
+	}
+	if c.PrefillChunk <= 0 {
+		c.PrefillChunk = 64
 	}
 }
 
@@ -93,11 +100,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("cloud: %w", err)
 	}
 	s := &Server{cfg: cfg, exec: exec, decoders: map[*batcher.Slot]*decoder.Decoder{}}
+	verifyRows := 0 // a verification pass is never cut in pieces
+	if opts.Spec.Enabled {
+		verifyRows = (opts.Spec.MaxDraft + 1) * opts.MaxPassages
+	}
 	if opts.Spec.Enabled && !opts.NoCostModel && opts.VerifyTable == nil {
 		// One profile of verification costs for all: each decoder refines
 		// a copy of its own.
-		rows := (opts.Spec.MaxDraft + 1) * opts.MaxPassages
-		if opts.VerifyTable, err = decoder.ProfileVerify(context.Background(), exec.Slot(0), rows, 2); err != nil {
+		if opts.VerifyTable, err = decoder.ProfileVerify(context.Background(), exec.Slot(0), verifyRows, 2); err != nil {
 			exec.Close()
 			return nil, fmt.Errorf("cloud: %w", err)
 		}
@@ -106,6 +116,7 @@ func New(cfg Config) (*Server, error) {
 		slot := exec.Slot(i)
 		o := opts
 		o.Context = slot
+		o.BatchSize = min(max(cfg.PrefillChunk, verifyRows), opts.BatchSize)
 		if opts.VerifyTable != nil {
 			o.VerifyTable = opts.VerifyTable.Clone()
 		}

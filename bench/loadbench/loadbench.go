@@ -60,6 +60,8 @@ type Options struct {
 	Requests    int // per client
 	MaxTokens   int
 	Passages    int
+	// CloudFlags are more flags for the cloud daemon.
+	CloudFlags []string
 	// Spec turns the cloud's local speculative decoding on (then its rows
 	// differ from the replay's, which decodes plainly).
 	Spec bool
@@ -137,6 +139,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if !o.Spec {
 		args = append(args, "--no-spec")
 	}
+	args = append(args, o.CloudFlags...)
 	cloud, err := aggbench.StartDaemon("cloud", -1, o.Env, pinned(o.CloudCores, args)...)
 	if err != nil {
 		return res, err

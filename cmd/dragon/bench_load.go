@@ -104,6 +104,7 @@ Needs make model and make index first.`,
 	f.IntVar(&o.Requests, "requests", 3, "questions each device asks, one after another")
 	f.IntVar(&o.MaxTokens, "max-tokens", 128, "most tokens per answer (the daemons' default)")
 	f.IntVar(&o.Passages, "passages", 2, "cloud passages per answer")
+	f.StringSliceVar(&o.CloudFlags, "cloud-flag", nil, "a flag for the cloud daemon (repeat: --cloud-flag=--prefill-chunk=64)")
 	f.BoolVar(&o.Spec, "spec", false, "local speculative decoding on the cloud (the replay decodes plainly)")
 	f.IntVar(&o.Threads, "threads", 1, "compute threads of the cloud and of the replay")
 	f.StringVar(&o.CloudCores, "cloud-cores", "0", "cores of the cloud and of the replay, as taskset takes them (empty: no pinning)")

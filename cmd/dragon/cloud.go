@@ -35,8 +35,8 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer s.close()
-			if limit.MaxSessions < 1 || limit.QueueTimeout <= 0 || limit.SessionTimeout <= 0 {
-				return fmt.Errorf("--max-sessions, --queue-timeout and --session-timeout must be positive")
+			if limit.MaxSessions < 1 || limit.QueueTimeout <= 0 || limit.SessionTimeout <= 0 || limit.PrefillChunk < 1 {
+				return fmt.Errorf("--max-sessions, --queue-timeout, --session-timeout and --prefill-chunk must be positive")
 			}
 			if limit.MaxQueue == 0 {
 				limit.MaxQueue = -1 // the flag's 0 means no queue
@@ -59,5 +59,6 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 	fs.IntVar(&limit.MaxQueue, "max-queue", 4, "generations that may wait for one of those (0: none; beyond: refused with RESOURCE_EXHAUSTED)")
 	fs.DurationVar(&limit.QueueTimeout, "queue-timeout", 10*time.Second, "longest wait in the queue")
 	fs.DurationVar(&limit.SessionTimeout, "session-timeout", 5*time.Minute, "longest generation")
+	fs.IntVar(&limit.PrefillChunk, "prefill-chunk", 64, "most prompt rows of one session in a shared forward pass (a longer prefill goes in pieces)")
 	return cmd
 }

@@ -196,6 +196,45 @@ func TestCloudKilledMidAnswer(t *testing.T) {
 	}, time.Minute, time.Second, "the restarted cloud is used again")
 }
 
+// TestCloudDrainsOnSIGTERM: a cloud told to stop mid-answer finishes the
+// generations it serves before it exits; the device notices nothing.
+func TestCloudDrainsOnSIGTERM(t *testing.T) {
+	client, dev, cld := pair(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	stream, err := client.Generate(ctx, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 48}})
+	require.NoError(t, err)
+	var (
+		tokens  int
+		sum     *dragonv1.GenerateSummary
+		stopped = make(chan error, 1)
+		asked   bool
+	)
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "device log:\n%s", dev.Logs())
+		if c := m.GetChunk(); c != nil {
+			tokens += len(c.GetTokens())
+			if tokens >= 8 && !asked {
+				asked = true
+				go func() { stopped <- cld.Stop(time.Minute) }()
+			}
+		}
+		if s := m.GetSummary(); s != nil {
+			sum = s
+		}
+	}
+	require.True(t, asked, "the answer was long enough to stop the cloud in the middle")
+	require.NotNil(t, sum)
+	assert.False(t, sum.GetFallback(), "the cloud finished its part: %s\ndevice log:\n%s", sum.GetFallbackReason(), dev.Logs())
+	assert.Equal(t, uint32(tokens), sum.GetTokens())
+	assert.Positive(t, sum.GetStepsAggregatedCloud()+sum.GetBytesReceived(), "the cloud took part")
+	require.NoError(t, <-stopped, "the cloud exits cleanly after draining")
+}
+
 // TestConcurrentDevicesShareTheCloud: two device processes ask one cloud at
 // the same time; the cloud decodes both sessions' rows in shared passes,
 // and each answer is the one it gets alone (greedy).
