@@ -3,15 +3,17 @@ package netsim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 )
 
 // Proxy forwards TCP connections from a listening address to an upstream
-// one through a Link: what the client sends is delayed by Up, what the
+// one through a Link: what the client sends is shaped by Up, what the
 // upstream answers by Down.
 type Proxy struct {
 	link     *Link
@@ -20,9 +22,15 @@ type Proxy struct {
 	log      *slog.Logger
 
 	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
+	flows  map[*flow]struct{}
 	closed bool
 	wg     sync.WaitGroup
+}
+
+// flow is one forwarded connection: its two shaped ends.
+type flow struct {
+	toUp     *Conn // the upstream connection, shaped by Up
+	toClient *Conn // the client connection, shaped by Down
 }
 
 // NewProxy listens on listen (host:port; port 0 picks one) for connections
@@ -33,9 +41,9 @@ func NewProxy(listen, upstream string, link *Link, log *slog.Logger) (*Proxy, er
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("netsim: proxy: %w", err)
 	}
-	return &Proxy{link: link, upstream: upstream, ln: ln, log: log, conns: map[net.Conn]struct{}{}}, nil
+	return &Proxy{link: link, upstream: upstream, ln: ln, log: log, flows: map[*flow]struct{}{}}, nil
 }
 
 // Addr is the address the proxy listens on.
@@ -43,6 +51,10 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Link is the proxy's link, to change its shape while it runs.
 func (p *Proxy) Link() *Link { return p.link }
+
+// ControlHandler is the HTTP control API of the proxy's link, whose POST
+// /reset resets the proxy's connections.
+func (p *Proxy) ControlHandler() http.Handler { return newControl(p.link, p.Reset) }
 
 // Serve forwards connections until ctx is done or Close is called.
 func (p *Proxy) Serve(ctx context.Context) error {
@@ -54,7 +66,7 @@ func (p *Proxy) Serve(ctx context.Context) error {
 			if p.isClosed() {
 				return nil
 			}
-			return err
+			return fmt.Errorf("netsim: proxy: %w", err)
 		}
 		p.wg.Add(1)
 		go func() {
@@ -70,16 +82,16 @@ func (p *Proxy) isClosed() bool {
 	return p.closed
 }
 
-func (p *Proxy) track(c net.Conn, add bool) bool {
+func (p *Proxy) track(f *flow, add bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if add {
 		if p.closed {
 			return false
 		}
-		p.conns[c] = struct{}{}
+		p.flows[f] = struct{}{}
 	} else {
-		delete(p.conns, c)
+		delete(p.flows, f)
 	}
 	return true
 }
@@ -91,14 +103,13 @@ func (p *Proxy) forward(client net.Conn) {
 		client.Close()
 		return
 	}
-	if !p.track(client, true) || !p.track(up, true) {
-		client.Close()
-		up.Close()
+	f := &flow{toUp: Wrap(up, p.link.Up), toClient: Wrap(client, p.link.Down)}
+	defer f.toUp.Close()
+	defer f.toClient.Close()
+	if !p.track(f, true) {
 		return
 	}
-	defer p.track(client, false)
-	defer p.track(up, false)
-	toUp, toClient := Wrap(up, p.link.Up), Wrap(client, p.link.Down)
+	defer p.track(f, false)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	pipe := func(dst *Conn, src net.Conn) {
@@ -109,11 +120,29 @@ func (p *Proxy) forward(client net.Conn) {
 		}
 		_ = dst.CloseWrite()
 	}
-	go pipe(toUp, client)
-	go pipe(toClient, up)
+	go pipe(f.toUp, client)
+	go pipe(f.toClient, up)
 	wg.Wait()
-	toUp.Close()
-	toClient.Close()
+}
+
+// Reset cuts every forwarded connection with a TCP reset (RST) at both
+// ends, as a middlebox that loses its state or a dropped mobile link does;
+// the proxy goes on accepting new ones. It returns how many it reset.
+func (p *Proxy) Reset() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for f := range p.flows {
+		// Both ends stop before either is reset, so that the pipe seeing
+		// one end go cannot half-close the other with a FIN first.
+		f.toClient.stop(true)
+		f.toUp.stop(true)
+		for _, c := range []*Conn{f.toClient, f.toUp} {
+			if err := c.Reset(); err != nil {
+				p.log.Debug("netsim: reset", "err", err)
+			}
+		}
+	}
+	return len(p.flows)
 }
 
 // Close stops accepting and cuts every forwarded connection.
@@ -124,8 +153,9 @@ func (p *Proxy) Close() error {
 		return nil
 	}
 	p.closed = true
-	for c := range p.conns {
-		c.Close()
+	for f := range p.flows {
+		_ = f.toUp.cut() // closing: the errors say only that it is closed
+		_ = f.toClient.cut()
 	}
 	p.mu.Unlock()
 	err := p.ln.Close()
