@@ -24,7 +24,7 @@ export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps proto-tools model build test test-short vet fmt run profile pyopenai bench cpuprobe clean
+.PHONY: all deps proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -71,6 +71,7 @@ vet: deps
 test: deps model corpus index vet proto-tools pyopenai
 	$(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
+	$(MAKE) deploy-check
 
 # The official Python openai package, for the test of the device's
 # OpenAI-compatible API (PyPI; pinned).
@@ -83,6 +84,12 @@ $(PYOPENAI)/.installed:
 # Quick loop without the race detector or fuzzing.
 test-short: deps model
 	$(GO) test -count=1 ./...
+
+# Static checks of deploy/: Kubernetes manifests decoded into the typed API
+# structs, the compose file, the Dockerfile, the scripts. Its own Go module,
+# so the main module gains no k8s.io dependency; needs no model or cgo.
+deploy-check:
+	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The demo: a cloud daemon over the public corpus and a device daemon over
 # the private mailbox, each on its own core with one thread, answer one
@@ -107,6 +114,11 @@ data/profile-cloud.json data/profile-device.json: | build model
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json
+
+# The published evaluation (docs/EXPERIMENTS.md, docs/experiments/);
+# EXPERIMENTS_FLAGS=--questions 4 makes it shorter.
+experiments: build model corpus index profile
+	bin/dragon bench exp --model $(MODEL) $(EXPERIMENTS_FLAGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

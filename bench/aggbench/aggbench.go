@@ -22,10 +22,13 @@ import (
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
 
-// Mode is a mode to measure, as the command line names it.
+// Mode is a mode to measure, as the command line names it, with the
+// aggregator placement strategy of dragon mode (0: the daemon's default,
+// greedy).
 type Mode struct {
-	Name string
-	Mode dragonv1.Mode
+	Name     string
+	Mode     dragonv1.Mode
+	Strategy dragonv1.Strategy
 }
 
 // Options of a run.
@@ -132,14 +135,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		for qi, q := range o.Questions {
 			byMode := map[string]answer{}
 			for _, m := range o.Modes {
-				a, err := ask(ctx, client, q, m.Mode, o.MaxTokens)
+				a, err := ask(ctx, client, q, m, o.MaxTokens)
 				if err != nil {
 					return res, fmt.Errorf("aggbench: %s at %v ms, question %d: %w\ndevice:\n%s\ncloud:\n%s", m.Name, lat, qi, err, device.Logs(), cloud.Logs())
 				}
 				byMode[m.Name] = a
 				per[m.Name] = append(per[m.Name], a.perToken)
 				ttft[m.Name] = append(ttft[m.Name], timing.MS(a.summary.GetTtft().AsDuration()))
-				if m.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION {
+				if m.Name == "dragon" {
 					accDev = append(accDev, a.summary.GetAcceptanceRateDevice())
 					accCloud = append(accCloud, a.summary.GetAcceptanceRateCloud())
 					switches = append(switches, float64(a.summary.GetAggregatorSwitches()))
@@ -228,8 +231,8 @@ func Ask(ctx context.Context, c dragonv1.DeviceServiceClient, req *dragonv1.Gene
 
 // ask runs one greedy generation and its per-token latency: the device's
 // mean time per token after the first.
-func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, mode dragonv1.Mode, maxTokens int) (answer, error) {
-	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: mode, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, maxTokens int) (answer, error) {
+	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
 	if err != nil {
 		return answer{}, err
 	}

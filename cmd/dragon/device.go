@@ -71,7 +71,10 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				opts = append(opts, grpc.WithConnectParams(grpc.ConnectParams{
 					Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
 					MinConnectTimeout: 5 * time.Second,
-				}))
+				}),
+					// A name with several cloud replicas (dns:/// on a headless
+					// Service): spread the generations' streams over them.
+					grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`))
 				conn, err := grpc.NewClient(cloudAddr, opts...)
 				if err != nil {
 					return fmt.Errorf("cloud connection: %w", err)

@@ -1,0 +1,67 @@
+package experiments
+
+import (
+	"encoding/csv"
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWrite: the CSVs have the columns the report promises and a row per
+// mode (strategy, source) and latency, the plots are PNG images, and the
+// report checks each target against the numbers it was given.
+func TestWrite(t *testing.T) {
+	lat := []float64{0, 300}
+	tab := func(names []string, at0, at300 float64) map[string]map[string]float64 {
+		m := map[string]map[string]float64{}
+		for i, n := range names {
+			m[n] = map[string]float64{"0": at0 + float64(i), "300": at300 + float64(i)}
+		}
+		return m
+	}
+	r := Results{
+		PerTokenMS: tab([]string{"dragon", "tw", "sw", "device-only", "cloud-only", "context", "kv"}, 30, 60),
+		TTFTMS:     tab([]string{"dragon", "context", "kv", "device-only"}, 1000, 1300),
+		RealMS:     tab(strategies, 30, 50), SimMS: tab(strategies, 25, 40),
+		Acceptance: map[string]float64{"device": 0.75, "cloud": 0.9},
+		Questions:  2, Tokens: 8, Passages: 2, SimRuns: 3, SimSteps: 16, Machine: "test CPU, 2 cores", Date: "2026-11-23", Command: "dragon bench exp",
+	}
+	r.PerTokenMS["tw"]["300"] = 600
+	dir := t.TempDir()
+	require.NoError(t, Write(dir, lat, r))
+
+	for name, want := range map[string]struct {
+		header []string
+		rows   int
+	}{
+		"e1.csv": {[]string{"mode", "latency_ms", "per_token_ms"}, len(e1Modes) * 2},
+		"e2.csv": {[]string{"mode", "latency_ms", "ttft_ms"}, len(e2Modes) * 2},
+		"e3.csv": {[]string{"strategy", "latency_ms", "per_token_ms", "source"}, len(strategies) * 2 * 2},
+	} {
+		f, err := os.Open(filepath.Join(dir, "experiments", name))
+		require.NoError(t, err)
+		recs, err := csv.NewReader(f).ReadAll()
+		f.Close()
+		require.NoError(t, err, name)
+		assert.Equal(t, want.header, recs[0], name)
+		assert.Len(t, recs[1:], want.rows, name)
+	}
+	for _, name := range []string{"e1.png", "e2.png", "e3-real.png", "e3-sim.png"} {
+		f, err := os.Open(filepath.Join(dir, "experiments", name))
+		require.NoError(t, err)
+		img, err := png.Decode(f)
+		f.Close()
+		require.NoError(t, err, name)
+		assert.Greater(t, img.Bounds().Dx(), 100, name)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "dragon / tw = 0.10 (target ≤ 0.5)", "60 against 600 ms at 300 ms")
+	assert.Contains(t, string(md), "dragon / device-only = 0.91 (target ≤ 1.15)", "30 against 33 ms at 0 ms")
+	assert.Contains(t, string(md), "test CPU, 2 cores")
+	assert.Contains(t, string(md), "real: greedy against the best static strategy: -3.2% at 0 ms", "30 against 31 ms")
+}
