@@ -9,6 +9,7 @@ package experiments
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -27,6 +28,10 @@ import (
 
 // Options of a run.
 type Options struct {
+	// Latency runs E1–E3, Quality E4; what is not run keeps the results of
+	// the last run that did (dir/experiments/results.json).
+	Latency, Quality bool
+	QualityOpts      QualityOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
 	Agg       aggbench.Options
@@ -62,37 +67,93 @@ var (
 )
 
 // Results are the measured tables, keyed by mode (or strategy) and then
-// by one-way latency in ms.
+// by one-way latency in ms (E4: by method, then passages per side).
 type Results struct {
-	PerTokenMS map[string]map[string]float64
-	TTFTMS     map[string]map[string]float64
+	// Latency is E1–E3 (nil: never run).
+	Latency *LatencyResults `json:"latency,omitempty"`
+	// Quality is E4 (nil: never run).
+	Quality *QualityResults `json:"quality,omitempty"`
+}
+
+// Meta says how a part was measured.
+type Meta struct {
+	Command string  `json:"command"`
+	Machine string  `json:"machine"`
+	Date    string  `json:"date"`
+	Minutes float64 `json:"minutes"`
+}
+
+// LatencyResults are E1–E3.
+type LatencyResults struct {
+	Meta
+	LatencyMS  []float64                     `json:"latency_ms"`
+	PerTokenMS map[string]map[string]float64 `json:"per_token_ms"`
+	TTFTMS     map[string]map[string]float64 `json:"ttft_ms"`
 	// Strategy per-token latency, real runs and simulator.
-	RealMS, SimMS map[string]map[string]float64
-	Acceptance    map[string]float64
-	Identical     [2]int // greedy dragon = greedy tw, of prompts
-	Questions     int
-	Tokens        int
-	Passages      int
-	SimRuns       int
-	SimSteps      int
-	Machine       string
-	Date          string
-	Command       string
-	Elapsed       time.Duration
+	RealMS     map[string]map[string]float64 `json:"real_ms"`
+	SimMS      map[string]map[string]float64 `json:"sim_ms"`
+	Acceptance map[string]float64            `json:"acceptance"`
+	Identical  [2]int                        `json:"greedy_identical_of"` // greedy dragon = greedy tw, of prompts
+	Questions  int                           `json:"questions"`
+	Tokens     int                           `json:"tokens"`
+	Passages   int                           `json:"passages"`
+	SimRuns    int                           `json:"sim_runs"`
+	SimSteps   int                           `json:"sim_steps"`
+}
+
+// QualityResults are E4.
+type QualityResults struct {
+	Meta
+	PPL      map[string]map[string]float64 `json:"ppl"`
+	Passages []int                         `json:"passages_per_side"`
+	Windows  int                           `json:"windows"`
+	Words    int                           `json:"words"`
 }
 
 // Run measures, then writes the CSVs, plots and the report.
 func Run(ctx context.Context, o Options) (Results, error) {
-	if len(o.LatencyMS) == 0 || o.Dir == "" {
-		return Results{}, errors.New("experiments: need latencies and an output folder")
+	if o.Dir == "" || (!o.Latency && !o.Quality) {
+		return Results{}, errors.New("experiments: need an output folder and something to run")
 	}
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	start := time.Now()
-	res := Results{
-		Questions: len(o.Agg.Questions), Tokens: o.Agg.MaxTokens, Passages: o.Agg.Passages,
-		SimRuns: o.SimRuns, SimSteps: o.SimSteps, Machine: Machine(), Date: start.Format("2006-01-02"), Command: o.Command,
+	res, err := Load(o.Dir)
+	if err != nil {
+		return res, err
+	}
+	meta := func(start time.Time) Meta {
+		return Meta{Command: o.Command, Machine: Machine(), Date: start.Format("2006-01-02"), Minutes: time.Since(start).Minutes()}
+	}
+	if o.Latency {
+		start := time.Now()
+		if res.Latency, err = latency(ctx, o); err != nil {
+			return res, err
+		}
+		res.Latency.Meta = meta(start)
+	}
+	if o.Quality {
+		start := time.Now()
+		q := o.QualityOpts
+		q.Log = o.Log
+		ppl, windows, err := Quality(ctx, q)
+		if err != nil {
+			return res, err
+		}
+		res.Quality = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words}
+		res.Quality.Meta = meta(start)
+	}
+	return res, Write(o.Dir, res)
+}
+
+// latency measures E1–E3.
+func latency(ctx context.Context, o Options) (*LatencyResults, error) {
+	if len(o.LatencyMS) == 0 {
+		return nil, errors.New("experiments: need latencies")
+	}
+	res := &LatencyResults{
+		LatencyMS: o.LatencyMS, Questions: len(o.Agg.Questions), Tokens: o.Agg.MaxTokens, Passages: o.Agg.Passages,
+		SimRuns: o.SimRuns, SimSteps: o.SimSteps,
 	}
 	agg := o.Agg
 	agg.LatencyMS = o.LatencyMS
@@ -100,7 +161,7 @@ func Run(ctx context.Context, o Options) (Results, error) {
 	agg.Log = o.Log
 	real, err := aggbench.Run(ctx, agg)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	res.PerTokenMS, res.TTFTMS, res.Acceptance = real.PerTokenMS, real.TTFTMS, real.Acceptance
 	res.Identical = [2]int{real.GreedyIdentical, real.GreedyPrompts}
@@ -108,32 +169,82 @@ func Run(ctx context.Context, o Options) (Results, error) {
 	for _, m := range strategyModes {
 		res.RealMS[strings.TrimPrefix(m.Name, "strategy/")] = real.PerTokenMS[m.Name]
 	}
-
 	var sts []aggregator.Strategy
 	for _, name := range strategies {
 		st, err := aggregator.ParseStrategy(name)
 		if err != nil {
-			return res, err
+			return nil, err
 		}
 		sts = append(sts, st)
 	}
 	sim, err := schedbench.Run(schedbench.Options{LatencyMS: o.LatencyMS, Runs: o.SimRuns, Steps: o.SimSteps, Seed: 1, Strategies: sts})
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	res.SimMS = sim.PerTokenMS
-	res.Elapsed = time.Since(start)
-	return res, Write(o.Dir, o.LatencyMS, res)
+	return res, nil
 }
 
-// Write puts the CSVs and plots under dir/experiments and the report in
-// dir/EXPERIMENTS.md.
-func Write(dir string, latencies []float64, r Results) error {
+const resultsFile = "results.json"
+
+// Load reads the results a previous run left in dir (none: empty).
+func Load(dir string) (Results, error) {
+	var r Results
+	b, err := os.ReadFile(filepath.Join(dir, "experiments", resultsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("experiments: %s: %w", resultsFile, err)
+	}
+	return r, nil
+}
+
+// Write puts the results, the CSVs and plots under dir/experiments and
+// the report in dir/EXPERIMENTS.md.
+func Write(dir string, r Results) error {
 	out := filepath.Join(dir, "experiments")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	keys := latencyKeys(latencies)
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, resultsFile), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if l := r.Latency; l != nil {
+		if err := writeLatency(out, l); err != nil {
+			return err
+		}
+	}
+	if q := r.Quality; q != nil {
+		var rows [][]string
+		for _, m := range qualityMethods {
+			for _, k := range q.Passages {
+				rows = append(rows, []string{m, strconv.Itoa(k), strconv.FormatFloat(q.PPL[m][strconv.Itoa(k)], 'f', 2, 64)})
+			}
+		}
+		if err := writeCSV(filepath.Join(out, "e4.csv"), []string{"method", "passages_per_side", "ppl"}, rows); err != nil {
+			return err
+		}
+		xs := make([]float64, len(q.Passages))
+		for i, k := range q.Passages {
+			xs[i] = float64(k)
+		}
+		if err := plotLines(filepath.Join(out, "e4.png"), "E4: perplexity of held-out text", "passages per side", "perplexity", qualityMethods, q.PPL, xs); err != nil {
+			return fmt.Errorf("experiments: plot e4.png: %w", err)
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "EXPERIMENTS.md"), []byte(report(r)), 0o644)
+}
+
+func writeLatency(out string, r *LatencyResults) error {
+	keys := latencyKeys(r.LatencyMS)
 	var e1, e2, e3 [][]string
 	for _, m := range e1Modes {
 		for _, k := range keys {
@@ -180,11 +291,11 @@ func Write(dir string, latencies []float64, r Results) error {
 		{"e3-sim.png", "E3: strategies, simulator", "ms per token", r.SimMS, strategies},
 	}
 	for _, p := range plots {
-		if err := plotLines(filepath.Join(out, p.file), p.title, "added one-way latency (ms)", p.y, p.names, p.series, latencies); err != nil {
+		if err := plotLines(filepath.Join(out, p.file), p.title, "added one-way latency (ms)", p.y, p.names, p.series, r.LatencyMS); err != nil {
 			return fmt.Errorf("experiments: plot %s: %w", p.file, err)
 		}
 	}
-	return os.WriteFile(filepath.Join(dir, "EXPERIMENTS.md"), []byte(report(keys, r)), 0o644)
+	return nil
 }
 
 func latencyKeys(ls []float64) []string {

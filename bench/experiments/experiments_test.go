@@ -23,16 +23,18 @@ func TestWrite(t *testing.T) {
 		}
 		return m
 	}
-	r := Results{
+	l := &LatencyResults{
+		Meta:       Meta{Machine: "test CPU, 2 cores", Date: "2026-11-23", Command: "dragon bench exp"},
+		LatencyMS:  lat,
 		PerTokenMS: tab([]string{"dragon", "tw", "sw", "device-only", "cloud-only", "context", "kv"}, 30, 60),
 		TTFTMS:     tab([]string{"dragon", "context", "kv", "device-only"}, 1000, 1300),
 		RealMS:     tab(strategies, 30, 50), SimMS: tab(strategies, 25, 40),
 		Acceptance: map[string]float64{"device": 0.75, "cloud": 0.9},
-		Questions:  2, Tokens: 8, Passages: 2, SimRuns: 3, SimSteps: 16, Machine: "test CPU, 2 cores", Date: "2026-11-23", Command: "dragon bench exp",
+		Questions:  2, Tokens: 8, Passages: 2, SimRuns: 3, SimSteps: 16,
 	}
-	r.PerTokenMS["tw"]["300"] = 600
+	l.PerTokenMS["tw"]["300"] = 600
 	dir := t.TempDir()
-	require.NoError(t, Write(dir, lat, r))
+	require.NoError(t, Write(dir, Results{Latency: l}))
 
 	for name, want := range map[string]struct {
 		header []string
@@ -64,4 +66,27 @@ func TestWrite(t *testing.T) {
 	assert.Contains(t, string(md), "dragon / device-only = 0.91 (target ≤ 1.15)", "30 against 33 ms at 0 ms")
 	assert.Contains(t, string(md), "test CPU, 2 cores")
 	assert.Contains(t, string(md), "real: greedy against the best static strategy: -3.2% at 0 ms", "30 against 31 ms")
+	assert.Contains(t, string(md), "## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.")
+
+	// A later quality-only run keeps E1–E3 and adds E4.
+	back, err := Load(dir)
+	require.NoError(t, err)
+	require.NotNil(t, back.Latency)
+	assert.Equal(t, l.PerTokenMS, back.Latency.PerTokenMS)
+	back.Quality = &QualityResults{Passages: []int{0, 4}, Windows: 3, Words: 96, PPL: map[string]map[string]float64{}}
+	for i, m := range qualityMethods {
+		back.Quality.PPL[m] = map[string]float64{"0": 20, "4": 18 - float64(i)}
+	}
+	require.NoError(t, Write(dir, back))
+	md, err = os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "dragon / tw = 0.10", "E1 kept")
+	assert.Contains(t, string(md), "best of device-only, cloud-only and none: 0.88 at k = 4", "dragon 14 against cloud-only 16")
+	f, err := os.Open(filepath.Join(dir, "experiments", "e4.csv"))
+	require.NoError(t, err)
+	recs, err := csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"method", "passages_per_side", "ppl"}, recs[0])
+	assert.Len(t, recs[1:], len(qualityMethods)*2)
 }

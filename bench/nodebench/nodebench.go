@@ -147,7 +147,7 @@ func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Resu
 	var nllPlain, nllRAG float64
 	var count int
 	for _, w := range opts.Windows {
-		words := splitHalf(w.Text)
+		words := SplitHalf(w.Text)
 		if words[0] == "" || words[1] == "" {
 			continue
 		}
@@ -157,7 +157,7 @@ func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Resu
 		}
 		hits = slices.DeleteFunc(hits, func(h retrieval.Hit) bool { return h.Passage.Source == w.Source })
 		hits = hits[:min(TTFTPassages, len(hits))]
-		plain, n, err := nll(ctx, d, []string{words[0]}, []float64{0}, words[1])
+		plain, n, err := NLL(ctx, d, []string{words[0]}, []float64{0}, words[1])
 		if err != nil {
 			return err
 		}
@@ -170,7 +170,7 @@ func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Resu
 		if len(hits) == 0 {
 			prefixes, scores = []string{words[0]}, []float64{0}
 		}
-		rag, _, err := nll(ctx, d, prefixes, scores, words[1])
+		rag, _, err := NLL(ctx, d, prefixes, scores, words[1])
 		if err != nil {
 			return err
 		}
@@ -187,9 +187,9 @@ func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Resu
 	return nil
 }
 
-// nll is the negative log-likelihood of cont after each prefix, under the
+// NLL is the negative log-likelihood of cont after each prefix, under the
 // mixture weighted by softmax(scores), and the number of tokens scored.
-func nll(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string) (float64, int, error) {
+func NLL(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string) (float64, int, error) {
 	if err := d.BeginRaw(ctx, prefixes, scores); err != nil {
 		return 0, 0, err
 	}
@@ -208,7 +208,7 @@ func nll(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []fl
 	return sum, len(toks), nil
 }
 
-func splitHalf(text string) [2]string {
+func SplitHalf(text string) [2]string {
 	words := strings.Fields(text)
 	h := len(words) / 2
 	return [2]string{strings.Join(words[:h], " "), strings.Join(words[h:], " ")}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dragon-rag/dragon/bench/experiments"
 	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchExpCmd) }
@@ -17,20 +18,38 @@ func newBenchExpCmd() *cobra.Command {
 	var (
 		o         experiments.Options
 		latencies string
+		passages  string
+		only      string
 		questions int
+		threads   int
 	)
 	cmd := &cobra.Command{
 		Use:   "exp",
-		Short: "The published evaluation: E1 time per token and E2 TTFT of each mode over added latency, E3 placement strategies (CSV, plots, docs/EXPERIMENTS.md)",
+		Short: "The published evaluation: E1 time per token and E2 TTFT of each mode over added latency, E3 placement strategies, E4 perplexity (CSV, plots, docs/EXPERIMENTS.md)",
 		Long: `Starts a cloud and a device daemon as dragon bench agg does (pinned to cores 0
 and 1, one thread each, the link through netsim with one-way latency L and
 jitter L/5) and asks each question in every mode (dragon, tw, sw,
 device-only, cloud-only, context, kv) and in dragon mode with each placement
 strategy, at each L; then replays the placement strategies in the
-simulator. Writes docs/experiments/e1.csv, e2.csv, e3.csv and their plots,
-and regenerates docs/EXPERIMENTS.md. Needs make model, make index and make
-profile first (make experiments does all of it).`,
+simulator (latency). E4 (quality) holds windows of the State of the Union
+corpus out, splits the rest between a device and a cloud BM25 index, and
+measures the perplexity of each window's second half given its first for
+each method and passages per side, in this process. Writes
+docs/experiments/e1.csv … e4.csv, their plots and results.json, and
+regenerates docs/EXPERIMENTS.md; --only runs one part and keeps the other's
+last results. Needs make model, make corpus, make index and make profile
+first (make experiments does all of it).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, e := range strings.Split(only, ",") {
+				switch strings.TrimSpace(e) {
+				case "latency":
+					o.Latency = true
+				case "quality":
+					o.Quality = true
+				default:
+					return fmt.Errorf("--only %q: latency, quality or both", e)
+				}
+			}
 			var err error
 			if o.LatencyMS, err = parseFloats(latencies); err != nil {
 				return fmt.Errorf("--latencies: %w", err)
@@ -45,13 +64,33 @@ profile first (make experiments does all of it).`,
 			if o.Agg.Binary, err = os.Executable(); err != nil {
 				return err
 			}
+			ks, err := parseFloats(passages)
+			if err != nil {
+				return fmt.Errorf("--quality-passages: %w", err)
+			}
+			for _, k := range ks {
+				if k < 0 || k > 8 || k != float64(int(k)) {
+					return fmt.Errorf("--quality-passages: %v: whole numbers from 0 to 8", k)
+				}
+				o.QualityOpts.Passages = append(o.QualityOpts.Passages, int(k))
+			}
+			if o.QualityOpts.Windows < 1 || o.QualityOpts.Words < 8 || threads < 1 {
+				return fmt.Errorf("--windows ≥ 1, --window-words ≥ 8 and --threads ≥ 1")
+			}
+			if o.Quality {
+				m, err := llamacpp.Load(o.Agg.Model, llamacpp.Options{Threads: threads})
+				if err != nil {
+					return err
+				}
+				defer m.Close()
+				o.QualityOpts.Model, o.QualityOpts.Threads = m, threads
+			}
 			o.Command = "dragon " + strings.Join(os.Args[1:], " ")
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
-			res, err := experiments.Run(cmd.Context(), o)
-			if err != nil {
+			if _, err := experiments.Run(cmd.Context(), o); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s/EXPERIMENTS.md and %s/experiments/ in %.1f minutes\n", o.Dir, o.Dir, res.Elapsed.Minutes())
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s/EXPERIMENTS.md and %s/experiments/\n", o.Dir, o.Dir)
 			return nil
 		},
 	}
@@ -66,5 +105,11 @@ profile first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
+	f.StringVar(&only, "only", "latency,quality", "parts to run: latency (E1–E3), quality (E4); the other keeps its last results")
+	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
+	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
+	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
+	f.StringVar(&passages, "quality-passages", "0,1,2,4,8", "E4: passages per side")
+	f.IntVar(&threads, "threads", 2, "E4: compute threads")
 	return cmd
 }

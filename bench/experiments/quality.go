@@ -1,0 +1,173 @@
+package experiments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/dragon-rag/dragon/bench/nodebench"
+	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/retrieval"
+)
+
+// QualityOptions size E4.
+type QualityOptions struct {
+	Model engine.Model
+	// Corpus is a folder of .txt documents: windows are held out from it,
+	// the rest is split between a device and a cloud index.
+	Corpus   string
+	Windows  int
+	Words    int   // per window: the first half is the query and context, the second is scored
+	Passages []int // per side; 0 is no retrieval
+	Threads  int
+	Log      func(format string, args ...any)
+}
+
+// E4's methods, as e4.csv names them.
+var qualityMethods = []string{"none", "device-only", "cloud-only", "context", "dragon"}
+
+// Quality measures E4: the perplexity of the second half of held-out
+// windows given the first, for each method and passages per side. The
+// corpus minus the windows' documents is split between two BM25 indexes,
+// alternately by file name; each side retrieves for the window's first
+// half. dragon is output aggregation over both sides' passages weighted by
+// softmax of their scores, which is DRAGON's mixture η_d·p_d + η_c·p_c
+// when η is the softmax of the sides' log-sum-exp scores (as the
+// aggregator computes it); context is all of them concatenated before the
+// first half in one sequence.
+func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float64, int, error) {
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	texts, sources, err := promptset.Windows(o.Corpus, o.Windows, o.Words)
+	if err != nil {
+		return nil, 0, err
+	}
+	names, err := filepath.Glob(filepath.Join(o.Corpus, "*.txt"))
+	if err != nil {
+		return nil, 0, err
+	}
+	slices.Sort(names)
+	var halves [2][]string // device, cloud
+	for _, n := range names {
+		if !slices.Contains(sources, filepath.Base(n)) {
+			i := (len(halves[0]) + len(halves[1])) % 2
+			halves[i] = append(halves[i], n)
+		}
+	}
+	var ix [2]*retrieval.Index
+	for i, side := range []string{"device", "cloud"} {
+		dir, err := os.MkdirTemp("", "dragon-e4-"+side)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer os.RemoveAll(dir)
+		x, _, err := retrieval.Build(ctx, filepath.Join(dir, "index"), retrieval.Options{Tokenizer: o.Model}, halves[i]...)
+		if err != nil {
+			return nil, 0, fmt.Errorf("experiments: %s index: %w", side, err)
+		}
+		defer x.Close()
+		ix[i] = x
+		o.Log("E4: %s index of %d documents", side, len(halves[i]))
+	}
+	most := slices.Max(o.Passages)
+	out, err := decoder.New(o.Model, decoder.Options{MaxPassages: max(2*most, 1), CtxPerSeq: 512, Threads: o.Threads})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer out.Close()
+	cat, err := decoder.New(o.Model, decoder.Options{MaxPassages: 1, CtxPerSeq: 2048, Threads: o.Threads})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer cat.Close()
+
+	nll := map[string]map[int]float64{}
+	for _, m := range qualityMethods {
+		nll[m] = map[int]float64{}
+	}
+	tokens, windows := 0, 0
+	for w, text := range texts {
+		half := nodebench.SplitHalf(text)
+		if half[0] == "" || half[1] == "" {
+			continue
+		}
+		var hits [2][]retrieval.Hit
+		for i := range ix {
+			if hits[i], err = ix[i].Search(ctx, half[0], max(most, 1), retrieval.ModeBM25); err != nil {
+				return nil, 0, err
+			}
+		}
+		none, n, err := nodebench.NLL(ctx, out, []string{half[0]}, []float64{0}, half[1])
+		if err != nil {
+			return nil, 0, err
+		}
+		tokens += n
+		windows++
+		for _, k := range o.Passages {
+			nll["none"][k] += none
+			if k == 0 {
+				for _, m := range qualityMethods[1:] {
+					nll[m][k] += none // no passages: every method is the model alone
+				}
+				continue
+			}
+			d, c := hits[0][:min(k, len(hits[0]))], hits[1][:min(k, len(hits[1]))]
+			for _, run := range []struct {
+				method string
+				hits   []retrieval.Hit
+			}{{"device-only", d}, {"cloud-only", c}, {"dragon", append(slices.Clone(d), c...)}} {
+				prefixes, scores := withPassages(run.hits, half[0])
+				x, _, err := nodebench.NLL(ctx, out, prefixes, scores, half[1])
+				if err != nil {
+					return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", run.method, k, err)
+				}
+				nll[run.method][k] += x
+			}
+			var all strings.Builder
+			for _, h := range append(slices.Clone(d), c...) {
+				all.WriteString(h.Passage.Text + "\n\n")
+			}
+			x, _, err := nodebench.NLL(ctx, cat, []string{all.String() + half[0]}, []float64{0}, half[1])
+			if err != nil {
+				return nil, 0, fmt.Errorf("experiments: E4 context, %d passages: %w", k, err)
+			}
+			nll["context"][k] += x
+		}
+		o.Log("E4: window %d of %d", w+1, len(texts))
+	}
+	if tokens == 0 {
+		return nil, 0, errors.New("experiments: E4 found no usable window")
+	}
+	ppl := map[string]map[string]float64{}
+	for m, byK := range nll {
+		ppl[m] = map[string]float64{}
+		for k, v := range byK {
+			ppl[m][strconv.Itoa(k)] = math.Exp(v / float64(tokens))
+		}
+	}
+	return ppl, windows, nil
+}
+
+// withPassages is one prompt per passage, the passage before the text,
+// weighted by the passages' scores (the text alone when there are none).
+func withPassages(hits []retrieval.Hit, text string) ([]string, []float64) {
+	if len(hits) == 0 {
+		return []string{text}, []float64{0}
+	}
+	prefixes := make([]string, len(hits))
+	scores := make([]float64, len(hits))
+	for i, h := range hits {
+		prefixes[i] = h.Passage.Text + "\n\n" + text
+		scores[i] = h.Score
+	}
+	return prefixes, scores
+}
