@@ -129,23 +129,9 @@ func TestStalls(t *testing.T) {
 // TestReplayOnLoopback: a replayed trace changes the delay of a live
 // connection when its time comes.
 func TestReplayOnLoopback(t *testing.T) {
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	dir, err := NewDirection(Shape{Latency: time.Second}, 1)
 	require.NoError(t, err)
-	ln := Listen(raw, dir)
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		_, _ = io.Copy(c, c)
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
+	c := shapedEcho(t, dir)
 	start := time.Now()
 	require.NoError(t, dir.Replay([]TracePoint{{0, 10 * time.Millisecond}, {300 * time.Millisecond, 40 * time.Millisecond}}))
 	within(t, 10, median(roundTrips(t, c, 5)), "first point")

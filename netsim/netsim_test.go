@@ -217,12 +217,25 @@ func TestJitterKeepsOrder(t *testing.T) {
 // TestListenerShapesServerWrites: a shaped listener delays what the server
 // sends.
 func TestListenerShapesServerWrites(t *testing.T) {
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
 	dir, err := NewDirection(Shape{Latency: 30 * time.Millisecond}, 1)
 	require.NoError(t, err)
+	c := shapedEcho(t, dir)
+	med := median(roundTrips(t, c, 10))
+	within(t, 30, med, "one delayed direction")
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	slices.Sort(ys)
+	return ys[len(ys)/2]
+}
+
+// shapedEcho dials an echo server whose writes dir shapes.
+func shapedEcho(t *testing.T, dir *Direction) net.Conn {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	ln := Listen(raw, dir)
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	go func() {
 		c, err := ln.Accept()
 		if err != nil {
@@ -233,13 +246,6 @@ func TestListenerShapesServerWrites(t *testing.T) {
 	}()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
-	defer c.Close()
-	med := median(roundTrips(t, c, 10))
-	within(t, 30, med, "one delayed direction")
-}
-
-func median(xs []float64) float64 {
-	ys := slices.Clone(xs)
-	slices.Sort(ys)
-	return ys[len(ys)/2]
+	t.Cleanup(func() { c.Close() })
+	return c
 }

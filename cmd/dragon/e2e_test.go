@@ -155,30 +155,13 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 // the same address is used again for the next request.
 func TestCloudKilledMidAnswer(t *testing.T) {
 	client, dev, cld := pair(t, 0)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	stream, err := client.Generate(ctx, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 160}})
-	require.NoError(t, err)
-	var tokens int
 	var announced bool
-	var sum *dragonv1.GenerateSummary
-	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
+	tokens, sum := demoAnswer(t, client, dev, 160, func(tokens int, c *dragonv1.TokenChunk) {
+		announced = announced || c.GetFallback()
+		if tokens >= 16 && !cld.Killed() {
+			require.NoError(t, cld.Kill())
 		}
-		require.NoError(t, err, "device log:\n%s", dev.Logs())
-		if c := m.GetChunk(); c != nil {
-			tokens += len(c.GetTokens())
-			announced = announced || c.GetFallback()
-			if tokens >= 16 && !cld.Killed() {
-				require.NoError(t, cld.Kill())
-			}
-		}
-		if s := m.GetSummary(); s != nil {
-			sum = s
-		}
-	}
+	})
 	require.NotNil(t, sum)
 	t.Logf("%d tokens, fell back at %d: %s", sum.GetTokens(), sum.GetFallbackStep(), sum.GetFallbackReason())
 	assert.True(t, sum.GetFallback(), "device log:\n%s", dev.Logs())
@@ -196,37 +179,44 @@ func TestCloudKilledMidAnswer(t *testing.T) {
 	}, time.Minute, time.Second, "the restarted cloud is used again")
 }
 
-// TestCloudDrainsOnSIGTERM: a cloud told to stop mid-answer finishes the
-// generations it serves before it exits; the device notices nothing.
-func TestCloudDrainsOnSIGTERM(t *testing.T) {
-	client, dev, cld := pair(t, 0)
+// demoAnswer streams the answer to the demo question, calling chunk with
+// the tokens so far after each chunk, and returns their count and the
+// summary.
+func demoAnswer(t *testing.T, client dragonv1.DeviceServiceClient, dev *aggbench.Daemon, maxTokens uint32, chunk func(tokens int, c *dragonv1.TokenChunk)) (int, *dragonv1.GenerateSummary) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	stream, err := client.Generate(ctx, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: 48}})
+	stream, err := client.Generate(ctx, &dragonv1.GenerateRequest{Prompt: promptset.DemoQuestion, Sampling: &dragonv1.SamplingParams{MaxTokens: maxTokens}})
 	require.NoError(t, err)
-	var (
-		tokens  int
-		sum     *dragonv1.GenerateSummary
-		stopped = make(chan error, 1)
-		asked   bool
-	)
+	var tokens int
+	var sum *dragonv1.GenerateSummary
 	for {
 		m, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			break
+			return tokens, sum
 		}
 		require.NoError(t, err, "device log:\n%s", dev.Logs())
 		if c := m.GetChunk(); c != nil {
 			tokens += len(c.GetTokens())
-			if tokens >= 8 && !asked {
-				asked = true
-				go func() { stopped <- cld.Stop(time.Minute) }()
-			}
+			chunk(tokens, c)
 		}
 		if s := m.GetSummary(); s != nil {
 			sum = s
 		}
 	}
+}
+
+// TestCloudDrainsOnSIGTERM: a cloud told to stop mid-answer finishes the
+// generations it serves before it exits; the device notices nothing.
+func TestCloudDrainsOnSIGTERM(t *testing.T) {
+	client, dev, cld := pair(t, 0)
+	stopped := make(chan error, 1)
+	asked := false
+	tokens, sum := demoAnswer(t, client, dev, 48, func(tokens int, _ *dragonv1.TokenChunk) {
+		if tokens >= 8 && !asked {
+			asked = true
+			go func() { stopped <- cld.Stop(time.Minute) }()
+		}
+	})
 	require.True(t, asked, "the answer was long enough to stop the cloud in the middle")
 	require.NotNil(t, sum)
 	assert.False(t, sum.GetFallback(), "the cloud finished its part: %s\ndevice log:\n%s", sum.GetFallbackReason(), dev.Logs())
