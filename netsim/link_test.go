@@ -100,24 +100,9 @@ func TestStalls(t *testing.T) {
 		{0, 0},
 		{1, 80},
 	} {
-		raw, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
 		dir, err := NewDirection(Shape{StallProb: tc.prob, StallFor: stall}, 1)
 		require.NoError(t, err)
-		ln := Listen(raw, dir)
-		go func() {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			_, _ = io.Copy(c, c)
-		}()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		require.NoError(t, err)
-		rtts := roundTrips(t, c, 5)
-		c.Close()
-		ln.Close()
+		rtts := roundTrips(t, shapedEcho(t, dir), 5)
 		if tc.want == 0 {
 			assert.Less(t, median(rtts), 10.0, "no stalls: %v", rtts)
 		} else {

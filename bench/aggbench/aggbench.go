@@ -89,7 +89,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		o.Log = func(string, ...any) {}
 	}
 	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
-	cloud, err := StartDaemon("cloud", 0, o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", "data/profile-cloud.json"}, common...)...)
+	cloud, err := StartDaemon("cloud", "0", o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", "data/profile-cloud.json"}, common...)...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -105,7 +105,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	go proxy.Serve(pctx)
-	device, err := StartDaemon("device", 1, o.Env, append([]string{o.Binary, "device", "--index", o.DeviceIndex, "--profile", "data/profile-device.json",
+	device, err := StartDaemon("device", "1", o.Env, append([]string{o.Binary, "device", "--index", o.DeviceIndex, "--profile", "data/profile-device.json",
 		"--cloud", proxy.Addr(), "--cloud-passages", strconv.Itoa(o.Passages)}, common...)...)
 	if err != nil {
 		return Result{}, err

@@ -44,12 +44,13 @@ var (
 )
 
 // StartDaemon runs argv (the dragon binary and a daemon command line) with
-// extra environment variables, pinned to core when core ≥ 0 and taskset
-// exists, and waits until it logs that it serves.
-func StartDaemon(name string, core int, env []string, argv ...string) (*Daemon, error) {
-	if core >= 0 {
+// extra environment variables, pinned to cores (a taskset list: "0",
+// "0,1"; empty: anywhere) when taskset exists, and waits until it logs
+// that it serves.
+func StartDaemon(name, cores string, env []string, argv ...string) (*Daemon, error) {
+	if cores != "" {
 		if ts, err := exec.LookPath("taskset"); err == nil {
-			argv = append([]string{ts, "-c", fmt.Sprint(core)}, argv...)
+			argv = append([]string{ts, "-c", cores}, argv...)
 		}
 	}
 	d := &Daemon{Name: name, cmd: exec.Command(argv[0], argv[1:]...), done: make(chan error, 1)}

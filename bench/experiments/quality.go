@@ -125,7 +125,7 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 				method string
 				hits   []retrieval.Hit
 			}{{"device-only", d}, {"cloud-only", c}, {"dragon", append(slices.Clone(d), c...)}} {
-				prefixes, scores := withPassages(run.hits, half[0])
+				prefixes, scores := nodebench.WithPassages(run.hits, half[0])
 				x, _, err := nodebench.NLL(ctx, out, prefixes, scores, half[1])
 				if err != nil {
 					return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", run.method, k, err)
@@ -155,19 +155,4 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		}
 	}
 	return ppl, windows, nil
-}
-
-// withPassages is one prompt per passage, the passage before the text,
-// weighted by the passages' scores (the text alone when there are none).
-func withPassages(hits []retrieval.Hit, text string) ([]string, []float64) {
-	if len(hits) == 0 {
-		return []string{text}, []float64{0}
-	}
-	prefixes := make([]string, len(hits))
-	scores := make([]float64, len(hits))
-	for i, h := range hits {
-		prefixes[i] = h.Passage.Text + "\n\n" + text
-		scores[i] = h.Score
-	}
-	return prefixes, scores
 }

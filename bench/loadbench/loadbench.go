@@ -140,7 +140,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		args = append(args, "--no-spec")
 	}
 	args = append(args, o.CloudFlags...)
-	cloud, err := aggbench.StartDaemon("cloud", -1, o.Env, pinned(o.CloudCores, args)...)
+	cloud, err := aggbench.StartDaemon("cloud", o.CloudCores, o.Env, args...)
 	if err != nil {
 		return res, err
 	}
@@ -278,19 +278,6 @@ func pin(cores string) error {
 		return fmt.Errorf("loadbench: taskset: %v: %s", err, out)
 	}
 	return nil
-}
-
-// pinned prefixes argv with taskset for cores (unchanged when cores is
-// empty or taskset is missing).
-func pinned(cores string, argv []string) []string {
-	if cores == "" {
-		return argv
-	}
-	ts, err := exec.LookPath("taskset")
-	if err != nil {
-		return argv
-	}
-	return append([]string{ts, "-c", cores}, argv...)
 }
 
 // batchSessions reads the cloud's dragon_batch_sessions histogram: the

@@ -161,15 +161,7 @@ func perplexity(ctx context.Context, d *decoder.Decoder, opts Options, res *Resu
 		if err != nil {
 			return err
 		}
-		prefixes := make([]string, len(hits))
-		scores := make([]float64, len(hits))
-		for i, h := range hits {
-			prefixes[i] = h.Passage.Text + "\n\n" + words[0]
-			scores[i] = h.Score
-		}
-		if len(hits) == 0 {
-			prefixes, scores = []string{words[0]}, []float64{0}
-		}
+		prefixes, scores := WithPassages(hits, words[0])
 		rag, _, err := NLL(ctx, d, prefixes, scores, words[1])
 		if err != nil {
 			return err
@@ -208,6 +200,22 @@ func NLL(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []fl
 	return sum, len(toks), nil
 }
 
+// WithPassages is one prompt per passage, the passage before the text,
+// weighted by the passages' scores (the text alone when there are none).
+func WithPassages(hits []retrieval.Hit, text string) ([]string, []float64) {
+	if len(hits) == 0 {
+		return []string{text}, []float64{0}
+	}
+	prefixes := make([]string, len(hits))
+	scores := make([]float64, len(hits))
+	for i, h := range hits {
+		prefixes[i] = h.Passage.Text + "\n\n" + text
+		scores[i] = h.Score
+	}
+	return prefixes, scores
+}
+
+// SplitHalf cuts text into the first and the second half of its words.
 func SplitHalf(text string) [2]string {
 	words := strings.Fields(text)
 	h := len(words) / 2

@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 // it serves; it is stopped (and must stop cleanly) when the test ends.
 func startDaemon(t *testing.T, name string, args ...string) *aggbench.Daemon {
 	t.Helper()
-	d, err := aggbench.StartDaemon(name, -1, []string{"DRAGON_CHILD_ARGS=" + strings.Join(args, "\n")}, os.Args[0])
+	d, err := aggbench.StartDaemon(name, "", []string{"DRAGON_CHILD_ARGS=" + strings.Join(args, "\n")}, os.Args[0])
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, d.Stop(30*time.Second), "%s stops cleanly on SIGTERM", name) })
 	return d
