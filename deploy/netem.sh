@@ -152,7 +152,7 @@ esac
 shift
 
 iface=
-delay= jitter= loss= rate= dist=normal
+delay='' jitter='' loss='' rate='' dist=normal
 while (($#)); do
   case $1 in
     -h | --help)

@@ -83,7 +83,9 @@ need_root() {
 ns_exists() { ip netns list 2>/dev/null | awk '{ print $1 }' | grep -qx "$1"; }
 
 need_up() {
-  ns_exists "$NS_DEV" && ns_exists "$NS_CLOUD" || die "the testbed is not up (sudo $prog up)"
+  if ! ns_exists "$NS_DEV" || ! ns_exists "$NS_CLOUD"; then
+    die "the testbed is not up (sudo $prog up)"
+  fi
 }
 
 # as_user drops root for the daemons when run through sudo: they need no
@@ -214,7 +216,7 @@ burst() {
 }
 
 cmd_shape() {
-  local delay= jitter= loss= rate= v
+  local delay='' jitter='' loss='' rate='' v
   while (($#)); do
     case $1 in
       -h | --help)

@@ -86,8 +86,8 @@ func TestScripts(t *testing.T) {
 		})
 	}
 
-	// shellcheck where installed; this machine has none, so the subtest
-	// skips there.
+	// shellcheck: make deps installs it, so make test runs this; a bare
+	// go test on a machine without it skips.
 	t.Run("shellcheck", func(t *testing.T) {
 		sc, err := exec.LookPath("shellcheck")
 		if err != nil {
