@@ -21,7 +21,7 @@ export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 
-APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler shellcheck
+APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler shellcheck iproute2
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
