@@ -165,8 +165,10 @@ func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.P
 
 // withCloud runs a generation that uses the cloud, in the request's mode.
 func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
-	// Open the peer stream first: the cloud retrieves and prefills while
-	// this side does.
+	// The Hello and the Begin go out together, and this side retrieves and
+	// prefills while they travel: the cloud starts half a round trip after
+	// the question instead of one and a half, and the first token waits for
+	// one round trip and the slower prefill rather than for their sum.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	conn, err := s.cfg.Peer.Session(ctx)
@@ -174,20 +176,46 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
 	defer func() { _ = conn.CloseSend() }()
-	peer, err := session.Handshake(ctx, conn, s.hello)
-	if err != nil {
-		return session.Summary{}, err
+	if err := session.SendHello(conn, s.hello); err != nil {
+		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
-	opts.Fits = [2]profiler.DecodeFit{s.cfg.Fit, session.FitFromHello(peer)}
 	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: req.Begin(opts.SessionID)}}); err != nil {
 		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
-	var passages []decoder.Passage
-	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
-		if passages, err = s.retrieve(ctx, req); err != nil {
-			return session.Summary{}, err
-		}
+	type handshake struct {
+		peer *dragonv1.Hello
+		err  error
 	}
+	// A refused handshake stops the prefill it overlaps.
+	local, stopLocal := context.WithCancel(ctx)
+	defer stopLocal()
+	shook := make(chan handshake, 1)
+	go func() {
+		peer, err := session.AwaitHello(ctx, conn, s.hello)
+		if err != nil {
+			stopLocal()
+		}
+		shook <- handshake{peer, err}
+	}()
+	var passages []decoder.Passage
+	var localErr error
+	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
+		passages, localErr = s.retrieve(local, req)
+	}
+	if localErr == nil && (req.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION || req.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC) {
+		if err := s.dec.Start(local, req.Query, passages); err != nil {
+			localErr = fmt.Errorf("device prefill: %w", err)
+		}
+		opts.Prefilled = localErr == nil
+	}
+	hs := <-shook
+	if hs.err != nil {
+		return session.Summary{}, hs.err
+	}
+	if localErr != nil {
+		return session.Summary{}, localErr
+	}
+	opts.Fits = [2]profiler.DecodeFit{s.cfg.Fit, session.FitFromHello(hs.peer)}
 	switch req.Mode {
 	case dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, dragonv1.Mode_MODE_TOKEN_WISE_SYNC:
 		return session.Run(ctx, opts, s.dec, req.Query, passages, conn, emit)

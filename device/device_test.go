@@ -2,7 +2,9 @@ package device
 
 import (
 	"context"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
@@ -163,4 +166,64 @@ func TestUnreachableCloudAnswersAlone(t *testing.T) {
 	assert.Contains(t, sum.GetFallbackReason(), "cloud")
 	assert.Equal(t, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, sum.GetMode(), "the mode asked for")
 	assert.Positive(t, sum.GetTokens())
+}
+
+// otherModelCloud answers every session with the Hello of another model,
+// but only after the device's Begin has arrived: it records whether the
+// device sent its Begin without waiting for the cloud's Hello.
+type otherModelCloud struct {
+	dragonv1.UnimplementedPeerServiceServer
+	beganFirst chan bool
+}
+
+func (c *otherModelCloud) Session(stream grpc.BidiStreamingServer[dragonv1.PeerMessage, dragonv1.PeerMessage]) error {
+	hello, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	got := make(chan *dragonv1.PeerMessage, 1)
+	go func() {
+		m, _ := stream.Recv()
+		got <- m
+	}()
+	select {
+	case m := <-got:
+		c.beganFirst <- m.GetBegin() != nil
+	case <-time.After(5 * time.Second):
+		c.beganFirst <- false
+	}
+	other := proto.Clone(hello.GetHello()).(*dragonv1.Hello)
+	other.ModelFingerprint, other.Side = "another-model", dragonv1.Side_SIDE_CLOUD
+	return stream.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: other}})
+}
+
+// TestBeginTravelsWithHelloAndRefusalFallsBack: the device sends its Begin
+// right behind its Hello (the cloud starts half a round trip after the
+// question), prefills meanwhile, and when the cloud turns out to run
+// another model answers alone, saying why.
+func TestBeginTravelsWithHelloAndRefusalFallsBack(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cloud := &otherModelCloud{beganFirst: make(chan bool, 1)}
+	gs := grpc.NewServer()
+	dragonv1.RegisterPeerServiceServer(gs, cloud)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	srv, err := New(Config{SideConfig: session.SideConfig{
+		Model: fake.New(fake.Config{Seed: 3, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
+	}, Peer: dragonv1.NewPeerServiceClient(conn)})
+	require.NoError(t, err)
+	defer srv.Close()
+	rec := &recorder{ctx: context.Background()}
+	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+	assert.True(t, <-cloud.beganFirst, "the Begin arrived before the cloud's Hello was sent")
+	sum := rec.sent[len(rec.sent)-1].GetSummary()
+	assert.True(t, sum.GetFallback())
+	assert.Contains(t, sum.GetFallbackReason(), "fingerprint")
+	assert.Positive(t, sum.GetTokens())
+	assert.Equal(t, rec.text(), sum.GetText())
 }

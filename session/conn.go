@@ -90,9 +90,24 @@ func FitFromHello(h *dragonv1.Hello) profiler.DecodeFit {
 // (protocol version, model fingerprint, sides). An incompatible peer is
 // told why with an Error message before the error is returned.
 func Handshake(ctx context.Context, c Conn, ours *dragonv1.Hello) (*dragonv1.Hello, error) {
-	if err := c.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: ours}}); err != nil {
-		return nil, fmt.Errorf("handshake: send hello: %w", err)
+	if err := SendHello(c, ours); err != nil {
+		return nil, err
 	}
+	return AwaitHello(ctx, c, ours)
+}
+
+// SendHello is the first half of Handshake, for a side that sends more
+// before the peer's Hello comes back (the device pipelines its Begin).
+func SendHello(c Conn, ours *dragonv1.Hello) error {
+	if err := c.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: ours}}); err != nil {
+		return fmt.Errorf("handshake: send hello: %w", err)
+	}
+	return nil
+}
+
+// AwaitHello is the second half of Handshake: it receives the peer's Hello
+// and checks it against ours.
+func AwaitHello(ctx context.Context, c Conn, ours *dragonv1.Hello) (*dragonv1.Hello, error) {
 	type result struct {
 		m   *dragonv1.PeerMessage
 		err error

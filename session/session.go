@@ -70,6 +70,10 @@ type Options struct {
 	PingEvery time.Duration
 	// Fits are the sides' decoding-latency fits, by side (device, cloud).
 	Fits [2]profiler.DecodeFit
+	// Prefilled says the caller has already started dec on this query and
+	// these passages (decoder.Start), overlapping the handshake with the
+	// prefill; Run then drafts from there.
+	Prefilled bool
 	// Record keeps a trace of decoding times and acceptance.
 	Record bool
 	// Fallback (owner only): when the peer fails (the stream breaks, the
@@ -710,11 +714,13 @@ func (r *run) fillSummary() {
 // makes them, within the lookahead, until stopped. A rollback request
 // aborts the pass in flight and rewinds the decoder to the decided answer.
 func (r *run) produce(ctx context.Context, query string, passages []decoder.Passage, bursts chan<- burst) error {
-	if err := r.dec.Start(ctx, query, passages); err != nil {
-		if ctx.Err() != nil {
-			return nil
+	if !r.opts.Prefilled {
+		if err := r.dec.Start(ctx, query, passages); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("session: prefill: %w", err)
 		}
-		return fmt.Errorf("session: prefill: %w", err)
 	}
 	prop, err := aggregator.NewProposer(r.opts.Self, r.opts.Sampling.Seed, r.opts.Sampling.Greedy(), r.opts.CodecTopP)
 	if err != nil {
