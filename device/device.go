@@ -205,8 +205,9 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	if localErr == nil && (req.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION || req.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC) {
 		if err := s.dec.Start(local, req.Query, passages); err != nil {
 			localErr = fmt.Errorf("device prefill: %w", err)
+		} else {
+			opts.Prefilled = true
 		}
-		opts.Prefilled = localErr == nil
 	}
 	hs := <-shook
 	if hs.err != nil {
