@@ -91,6 +91,9 @@ type Options struct {
 	// NoCostModel verifies every draft the drafter offers, whole, instead
 	// of letting the cost model choose the length (for ablations).
 	NoCostModel bool
+	// SpecTrace, when set, receives every linear step of local
+	// speculation (Generate and Step; not token trees), for measurements.
+	SpecTrace func(SpecEvent)
 	// Context, when set, is the engine context to decode in instead of a
 	// new one (a batcher.Slot sharing a context with other decoders): it
 	// must hold MaxPassages sequences of CtxPerSeq positions, and token

@@ -156,6 +156,9 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 		d.steps++
 		d.Push(tok)
 		if specOn {
+			if d.opts.SpecTrace != nil {
+				d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - 1, Draft: draft})
+			}
 			d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
 			d.shadow.Offer(draft)
 			d.shadow.Emitted(d.acc, tok)
@@ -200,8 +203,27 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 		Accepted: v.Accepted, Attempted: v.Attempted,
 		Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
 	})
-	d.stats.Record(len(toks), v.Accepted, draft.MatchLen == specdec.MatchReuse)
+	d.stats.RecordDraft(draft.Origin, len(toks), v.Accepted)
+	if d.opts.SpecTrace != nil {
+		draft.Tokens = toks
+		d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - len(v.Emit), Draft: draft, Accepted: v.Accepted, Verified: true})
+	}
 	return v.Emit, nil
+}
+
+// SpecEvent is one linear step of local speculation, for measurements
+// (Options.SpecTrace).
+type SpecEvent struct {
+	// Pos is the answer position the draft's first token would take.
+	Pos int
+	// Draft is what the drafter proposed; Tokens are cut to what was
+	// verified, the rest of it (Origin, Alt) as drafted. A step that
+	// verified nothing (no draft, or the cost model said no) carries the
+	// draft it left unverified and Accepted 0.
+	Draft    specdec.Draft
+	Accepted int
+	// Verified is false for a plain step.
+	Verified bool
 }
 
 // Rewind keeps the first n tokens of the answer and continues it with toks:

@@ -66,6 +66,10 @@ func TestCalibrationProposesModelPaths(t *testing.T) {
 		// path ends after Moines, then the context takes over.
 		require.Equal(t, "arrived at Des Moines .", got)
 		require.Positive(t, n)
+		dr := d.Draft()
+		require.Equal(t, OriginCalibrated, dr.Origin)
+		require.Equal(t, "'s security detail has arrived", v.words(dr.Alt), "the lookup-only draft it displaced")
+		require.Equal(t, dr.Alt, d.LookupDraft().Tokens)
 	}
 }
 

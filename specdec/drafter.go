@@ -92,7 +92,7 @@ func (d *Drafter) Calibrate(id DocID, succ [][]Successor) (int, error) {
 	}
 	w := d.opts.Calibrate.Weight
 	c := newCalibrator(dc.toks, succ, d.opts.Calibrate, func(parent int32, t Token, joint float32) int32 {
-		return d.idx.Extend(parent, t, w*joint)
+		return d.idx.ExtendCalibrated(parent, t, w*joint)
 	})
 	return c.run(func(i int) int32 { return dc.states[i] }), nil
 }
@@ -168,8 +168,10 @@ const minBackoff = 2
 
 // backoff returns s, or its longest suffix state of at least minBackoff
 // tokens, that has a continuation.
-func (d *Drafter) backoff(s int32) (int32, bool) {
-	for !d.idx.HasChildren(s) {
+func (d *Drafter) backoff(s int32) (int32, bool) { return d.backoffBy(s, d.idx.HasChildren) }
+
+func (d *Drafter) backoffBy(s int32, has func(int32) bool) (int32, bool) {
+	for !has(s) {
 		s = d.idx.Link(s)
 		if s <= 0 || d.idx.Len(s) < minBackoff {
 			return 0, false
@@ -195,6 +197,34 @@ type Draft struct {
 	// MatchReuse for a reused segment: the acceptance bucket to plan and
 	// observe it with.
 	MatchLen int
+	// Origin says where the draft came from.
+	Origin Origin
+	// Alt is the draft this one displaced, for measurements: the lookup-only
+	// draft (no calibrated paths) when Origin is OriginCalibrated, the
+	// index's draft when it is OriginReuse; nil otherwise.
+	Alt []Token
+}
+
+// Origin is where a draft came from.
+type Origin uint8
+
+// Draft origins.
+const (
+	// OriginNone: no draft.
+	OriginNone Origin = iota
+	// OriginLookup: the context's own continuation, the draft an index
+	// without calibrated paths makes.
+	OriginLookup
+	// OriginCalibrated: calibrated paths changed the draft (a token the
+	// lookup-only draft does not have at that place, or a longer draft).
+	OriginCalibrated
+	// OriginReuse: a held segment of a rejected draft (draft reuse).
+	OriginReuse
+	numOrigins
+)
+
+func (s Origin) String() string {
+	return [...]string{"none", "lookup", "calibrated", "reuse"}[s]
 }
 
 // Draft proposes up to MaxDraft tokens: from the longest match, following
@@ -205,17 +235,47 @@ func (d *Drafter) Draft() Draft {
 		return Draft{}
 	}
 	s, n := d.Match()
-	out := Draft{MatchLen: n}
-	for ok := n > 0; ok && len(out.Tokens) < d.opts.MaxDraft; s, ok = d.backoff(s) {
-		c, _ := d.idx.Best(s)
-		out.Tokens = append(out.Tokens, c.Token)
-		s = c.State
+	out := d.walk(s, n, d.idx.HasChildren, d.idx.Best)
+	if d.opts.Calibration && len(out.Tokens) > 0 {
+		// Did calibration change it? Compare with the lookup-only draft.
+		if plain := d.LookupDraft(); !slices.Equal(plain.Tokens, out.Tokens) {
+			out.Origin, out.Alt = OriginCalibrated, plain.Tokens
+		}
 	}
 	if seg := d.heldSegment(); len(seg) > 0 {
 		seg = seg[:min(len(seg), d.opts.MaxDraft)]
 		if ExpectedTokens(d.acc.Alpha(MatchReuse), len(seg)) > ExpectedTokens(d.acc.Alpha(n), len(out.Tokens)) {
-			out = Draft{Tokens: slices.Clone(seg), MatchLen: MatchReuse}
+			out = Draft{Tokens: slices.Clone(seg), MatchLen: MatchReuse, Origin: OriginReuse, Alt: out.Tokens}
 		}
+	}
+	return out
+}
+
+// LookupDraft is the draft an index without calibrated paths would make,
+// reuse aside: the context's own continuation of the longest suffix of the
+// answer that the context continues.
+func (d *Drafter) LookupDraft() Draft {
+	if !d.opts.Enabled || d.gen < 0 || len(d.docs[d.gen].states) == 0 {
+		return Draft{}
+	}
+	s := d.docs[d.gen].states[len(d.docs[d.gen].states)-1]
+	for s > 0 && !d.idx.HasPlainChildren(s) {
+		s = d.idx.Link(s)
+	}
+	return d.walk(s, d.idx.Len(max(s, 0)), d.idx.HasPlainChildren, d.idx.BestPlain)
+}
+
+// walk drafts from state s (matched length n) following best, backing off
+// (see backoff) to states that has reports as continued.
+func (d *Drafter) walk(s int32, n int, has func(int32) bool, best func(int32) (Child, bool)) Draft {
+	out := Draft{MatchLen: n}
+	if n > 0 {
+		out.Origin = OriginLookup
+	}
+	for ok := n > 0; ok && len(out.Tokens) < d.opts.MaxDraft; s, ok = d.backoffBy(s, has) {
+		c, _ := best(s)
+		out.Tokens = append(out.Tokens, c.Token)
+		s = c.State
 	}
 	return out
 }

@@ -41,6 +41,11 @@ type state struct {
 	head int32   // first outgoing edge; -1 for none
 	occ  float32 // weighted occurrences
 	tick uint32  // clock of the latest occurrence
+	// pocc and ptick are occ and tick without calibrated paths: what a
+	// lookup-only index would hold, so that a draft can tell whether
+	// calibration changed it (Draft.Origin).
+	pocc  float32
+	ptick uint32
 }
 
 type edge struct {
@@ -139,16 +144,27 @@ func (x *Index) Best(s int32) (Child, bool) {
 // a sequence's prefix always stays the longest string of its state, so any
 // of them can be extended later to branch.
 func (x *Index) Extend(last int32, t Token, w float32) int32 {
+	return x.extend(last, t, w, false)
+}
+
+// ExtendCalibrated is Extend for a calibrated path: a continuation the
+// model predicted rather than one the text holds. It counts like any
+// other occurrence; BestPlain and HasPlainChildren leave it out.
+func (x *Index) ExtendCalibrated(last int32, t Token, w float32) int32 {
+	return x.extend(last, t, w, true)
+}
+
+func (x *Index) extend(last int32, t Token, w float32, cal bool) int32 {
 	x.clock++
 	if e, ok := x.next[key(last, t)]; ok {
 		// The extended string already occurs (another sequence, or a branch).
 		q := x.edges[e].to
 		if x.st[last].len+1 == x.st[q].len {
-			x.bump(q, w)
+			x.bump(q, w, cal)
 			return q
 		}
 		c := x.split(last, t, q)
-		x.bump(c, w)
+		x.bump(c, w, cal)
 		return c
 	}
 	cur := x.newState(x.st[last].len+1, 0, 0)
@@ -169,7 +185,7 @@ func (x *Index) Extend(last int32, t Token, w float32) int32 {
 			x.st[cur].link = x.split(p, t, q)
 		}
 	}
-	x.bump(cur, w)
+	x.bump(cur, w, cal)
 	return cur
 }
 
@@ -179,6 +195,7 @@ func (x *Index) Extend(last int32, t Token, w float32) int32 {
 func (x *Index) Remove(s int32, w float32) {
 	for i := 0; s > 0 && i < maxBump; i++ {
 		x.st[s].occ -= w
+		x.st[s].pocc -= w
 		s = x.st[s].link
 	}
 }
@@ -187,6 +204,7 @@ func (x *Index) Remove(s int32, w float32) {
 // own state, and redirects the transitions of p's suffixes to it.
 func (x *Index) split(p int32, t Token, q int32) int32 {
 	c := x.newState(x.st[p].len+1, x.st[q].occ, x.st[q].tick)
+	x.st[c].pocc, x.st[c].ptick = x.st[q].pocc, x.st[q].ptick
 	x.st[c].link = x.st[q].link
 	for e := x.st[q].head; e >= 0; e = x.edges[e].sib {
 		x.addEdge(c, x.edges[e].tok, x.edges[e].to)
@@ -215,10 +233,46 @@ func (x *Index) addEdge(p int32, t Token, to int32) {
 
 // bump records a new occurrence ending in s: every suffix of it (the
 // suffix-link chain) occurs once more.
-func (x *Index) bump(s int32, w float32) {
+func (x *Index) bump(s int32, w float32, cal bool) {
 	for i := 0; s > 0 && i < maxBump; i++ {
 		x.st[s].occ += w
 		x.st[s].tick = x.clock
+		if !cal {
+			x.st[s].pocc += w
+			x.st[s].ptick = x.clock
+		}
 		s = x.st[s].link
 	}
+}
+
+// plainLive: some occurrence of s is in a sequence, not only in
+// calibrated paths.
+func (x *Index) plainLive(s int32) bool { return x.st[s].pocc > 1e-6 }
+
+// HasPlainChildren is HasChildren without calibrated paths.
+func (x *Index) HasPlainChildren(s int32) bool {
+	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
+		if x.plainLive(x.edges[e].to) {
+			return true
+		}
+	}
+	return false
+}
+
+// BestPlain is Best as an index without calibrated paths would answer:
+// weights and recency of the sequences' own occurrences only.
+func (x *Index) BestPlain(s int32) (Child, bool) {
+	var best Child
+	found := false
+	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
+		to := x.edges[e].to
+		if !x.plainLive(to) {
+			continue
+		}
+		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].pocc, Tick: x.st[to].ptick}
+		if !found || c.Weight > best.Weight || c.Weight == best.Weight && (c.Tick > best.Tick || c.Tick == best.Tick && c.Token < best.Token) {
+			best, found = c, true
+		}
+	}
+	return best, found
 }

@@ -275,3 +275,29 @@ func TestIndexMatchesBruteForce(t *testing.T) {
 		}
 	}
 }
+
+func TestBestPlainLeavesCalibratedPathsOut(t *testing.T) {
+	x := NewIndex()
+	var s int32
+	for _, tk := range toks("ab1") {
+		s = x.Extend(s, tk, 1)
+	}
+	// "a b" is followed by "1" in the text; a calibrated path adds "2",
+	// heavier, and reinforces "1" a little.
+	ab, ok := x.Next(0, 'a')
+	require.True(t, ok)
+	ab, ok = x.Next(ab, 'b')
+	require.True(t, ok)
+	x.ExtendCalibrated(ab, '2', 3)
+	x.ExtendCalibrated(ab, '1', 0.5)
+	c, ok := x.BestPlain(ab)
+	require.True(t, ok)
+	require.Equal(t, Token('1'), c.Token)
+	require.InDelta(t, 1, c.Weight, 1e-6, "plain weight: the text's occurrences only")
+	require.True(t, x.HasPlainChildren(ab))
+	two, _ := x.Next(ab, '2')
+	require.False(t, x.HasPlainChildren(two))
+	require.Len(t, x.Children(ab, nil), 2)
+	_, ok = x.BestPlain(s)
+	require.False(t, ok, "nothing follows the end of the text")
+}

@@ -104,6 +104,42 @@ type Stats struct {
 	AcceptedTokens uint64
 	ReusedDrafts   uint64 // drafts that came from a reused segment
 	BranchedTrees  uint64 // drafts that were token trees of several branches
+	// ByOrigin splits the linear drafts (RecordDraft) by where they came
+	// from, indexed by Origin.
+	ByOrigin [numOrigins]OriginStats
+}
+
+// OriginStats count the verified drafts of one Origin.
+type OriginStats struct {
+	Drafts, DraftedTokens, AcceptedTokens uint64
+}
+
+// RecordDraft is Record for a linear draft from src, also counted under
+// ByOrigin.
+func (s *Stats) RecordDraft(src Origin, drafted, accepted int) {
+	s.Record(drafted, accepted, src == OriginReuse)
+	if drafted == 0 {
+		return
+	}
+	b := &s.ByOrigin[src]
+	b.Drafts++
+	b.DraftedTokens += uint64(drafted)
+	b.AcceptedTokens += uint64(accepted)
+}
+
+// Add adds o's counters to s.
+func (s *Stats) Add(o Stats) {
+	s.Steps += o.Steps
+	s.Drafts += o.Drafts
+	s.DraftedTokens += o.DraftedTokens
+	s.AcceptedTokens += o.AcceptedTokens
+	s.ReusedDrafts += o.ReusedDrafts
+	s.BranchedTrees += o.BranchedTrees
+	for i, b := range o.ByOrigin {
+		s.ByOrigin[i].Drafts += b.Drafts
+		s.ByOrigin[i].DraftedTokens += b.DraftedTokens
+		s.ByOrigin[i].AcceptedTokens += b.AcceptedTokens
+	}
 }
 
 // Record counts one verification pass of drafted tokens.

@@ -75,28 +75,17 @@ func BuiltIn(dir string, n, passages int) ([]Prompt, error) {
 // corpusTexts takes k evenly spaced documents of a corpus folder and a
 // passage of about 60 words from each.
 func corpusTexts(dir, kind string, k int) ([]string, error) {
-	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	names, err := corpusNames(dir)
 	if err != nil {
 		return nil, err
 	}
-	names = slices.DeleteFunc(names, func(s string) bool { return strings.HasPrefix(filepath.Base(s), ".") })
-	if len(names) == 0 {
-		return nil, fmt.Errorf("no documents in %s", dir)
-	}
-	slices.Sort(names)
 	var out []string
 	for i := 0; len(out) < k && i < 4*k; i++ {
-		raw, err := os.ReadFile(names[(i*len(names)/k+i/k)%len(names)])
+		p, err := passageOf(names[builtInPick(i, k, len(names))], kind, 1)
 		if err != nil {
 			return nil, err
 		}
-		text := string(raw)
-		if kind == "mail" {
-			if at := strings.Index(text, "\n\n"); at >= 0 {
-				text = text[at+2:]
-			}
-		}
-		if p := excerpt(text, 60); p != "" {
+		if p != "" {
 			out = append(out, p)
 		}
 	}
@@ -106,13 +95,128 @@ func corpusTexts(dir, kind string, k int) ([]string, error) {
 	return out, nil
 }
 
-// excerpt is about words words starting at a sentence near the middle.
-func excerpt(text string, words int) string {
+// builtInPick is the document BuiltIn's corpusTexts reads i-th when it
+// wants k of n.
+func builtInPick(i, k, n int) int { return (i*n/k + i/k) % n }
+
+func corpusNames(dir string) ([]string, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return nil, err
+	}
+	names = slices.DeleteFunc(names, func(s string) bool { return strings.HasPrefix(filepath.Base(s), ".") })
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no documents in %s", dir)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// passageOf is about 60 words of a document from a sentence near thirds/3
+// of it ("" when the document is too short); mail headers are dropped.
+func passageOf(name, kind string, thirds int) (string, error) {
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		return "", err
+	}
+	text := string(raw)
+	if kind == "mail" {
+		if i := strings.Index(text, "\n\n"); i >= 0 {
+			text = text[i+2:]
+		}
+	}
+	return excerpt(text, 60, thirds), nil
+}
+
+// heldOutTemplates are the questions of HeldOut: none of them is a
+// template of BuiltIn, and no benchmark or default was tuned on them.
+var heldOutTemplates = []string{
+	"In two sentences, what is this passage about?",
+	"Which facts does the passage state? List them.",
+	"Explain the passage to a friend who has not read it.",
+	"Who or what is the passage about, and what happens?",
+	"Copy the sentence of the passage that matters most, then say why.",
+	"What does the writer want? Answer from the passage.",
+}
+
+// builtInSizes are the BuiltIn sizes the project's benchmarks and tests
+// use (documents wanted per corpus: prompts + passages): 20 prompts of 1
+// and 4 passages, 4 prompts of 1 and 4.
+var builtInSizes = []int{21, 24, 5, 8}
+
+// HeldOut returns n prompts with passages passages each that no benchmark
+// or test of the project has seen: other questions than BuiltIn's
+// (heldOutTemplates), over documents of the same two corpora that BuiltIn
+// never reads at the sizes the project uses, each passage about 60 words
+// from a sentence two thirds into its document (BuiltIn reads one third
+// in). Otherwise laid out like BuiltIn: corpora alternate, the passage the
+// question is about comes first and scores highest.
+func HeldOut(dir string, n, passages int) ([]Prompt, error) {
+	sources := map[string][]string{}
+	for _, c := range []string{"sotu", "mail"} {
+		names, err := corpusNames(filepath.Join(dir, c))
+		if err != nil {
+			return nil, fmt.Errorf("promptset: %w (run `make corpus`)", err)
+		}
+		seen := map[int]bool{}
+		for _, k := range builtInSizes {
+			for i := range 2 * k {
+				seen[builtInPick(i, k, len(names))] = true
+			}
+		}
+		var free []string
+		for i, name := range names {
+			if !seen[i] {
+				free = append(free, name)
+			}
+		}
+		want := n + passages
+		var texts []string
+		for i := 0; len(texts) < want && i < len(free); i++ {
+			// Evenly spaced over the free documents, then the ones
+			// between them.
+			j := (i%want*len(free)/want + i/want) % len(free)
+			p, err := passageOf(free[j], c, 2)
+			if err != nil {
+				return nil, fmt.Errorf("promptset: %w", err)
+			}
+			if p != "" {
+				texts = append(texts, p)
+			}
+		}
+		if len(texts) < want {
+			return nil, fmt.Errorf("promptset: only %d usable held-out documents in %s", len(texts), filepath.Join(dir, c))
+		}
+		sources[c] = texts
+	}
+	out := make([]Prompt, 0, n)
+	for i := range n {
+		c := "sotu"
+		if i%2 == 1 {
+			c = "mail"
+		}
+		texts := sources[c]
+		p := Prompt{Query: heldOutTemplates[i%len(heldOutTemplates)], Corpus: c}
+		for j := range passages {
+			p.Passages = append(p.Passages, decoder.Passage{
+				Text:   texts[(i/2+j*5)%len(texts)],
+				Score:  2 - 0.5*float64(j),
+				Source: c,
+			})
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// excerpt is about words words starting at a sentence near thirds/3 of
+// the text.
+func excerpt(text string, words, thirds int) string {
 	fields := strings.Fields(text)
 	if len(fields) < words/2 {
 		return ""
 	}
-	start := len(fields) / 3
+	start := thirds * len(fields) / 3
 	for i := start; i < min(start+40, len(fields)); i++ {
 		if i > 0 && strings.HasSuffix(fields[i-1], ".") {
 			start = i

@@ -1,6 +1,7 @@
 package promptset
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,4 +74,47 @@ func TestLoadJSONL(t *testing.T) {
 	}
 	_, err = LoadJSONL(filepath.Join(dir, "missing"))
 	require.Error(t, err)
+}
+
+func TestHeldOutAvoidsBuiltIn(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []string{"sotu", "mail"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, c), 0o755))
+		for i := range 120 {
+			var b strings.Builder
+			for w := range 90 {
+				fmt.Fprintf(&b, "%s%d-%d ", c, i, w)
+				if w%10 == 9 {
+					b.WriteString("end. ")
+				}
+			}
+			require.NoError(t, os.WriteFile(filepath.Join(dir, c, fmt.Sprintf("%03d.txt", i)), []byte(b.String()), 0o644))
+		}
+	}
+	held, err := HeldOut(dir, 12, 4)
+	require.NoError(t, err)
+	again, err := HeldOut(dir, 12, 4)
+	require.NoError(t, err)
+	require.Equal(t, held, again, "deterministic")
+	require.Len(t, held, 12)
+	docOf := func(text string) string { return strings.SplitN(strings.Fields(text)[0], "-", 2)[0] }
+	used := map[string]bool{}
+	for _, size := range [][2]int{{20, 1}, {20, 4}, {4, 1}, {4, 4}} {
+		ps, err := BuiltIn(dir, size[0], size[1])
+		require.NoError(t, err)
+		for _, p := range ps {
+			used[p.Query] = true
+			for _, x := range p.Passages {
+				used[docOf(x.Text)] = true
+			}
+		}
+	}
+	for i, p := range held {
+		require.False(t, used[p.Query], "question %q is a BuiltIn template", p.Query)
+		require.Len(t, p.Passages, 4)
+		require.Equal(t, []string{"sotu", "mail"}[i%2], p.Corpus)
+		for _, x := range p.Passages {
+			require.False(t, used[docOf(x.Text)], "document %s is one BuiltIn reads", docOf(x.Text))
+		}
+	}
 }

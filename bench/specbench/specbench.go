@@ -19,38 +19,22 @@ import (
 
 // Result is the JSON printed by `dragon bench spec`.
 type Result struct {
-	Prompts        int      `json:"prompts"`
-	Threads        int      `json:"threads"`
-	MaxTokens      int      `json:"max_tokens"`
-	PlainTokS      float64  `json:"plain_tok_s"`
-	SpecTokS       float64  `json:"spec_tok_s"`
-	Speedup        float64  `json:"speedup"`
-	Speedup4       float64  `json:"speedup_4"`
-	AcceptanceRate float64  `json:"acceptance_rate"`
-	MeanAccepted   float64  `json:"mean_accepted"`
-	Identical      int      `json:"identical"`
-	Identical4     int      `json:"identical_4"`
-	CostModelMAPE  float64  `json:"cost_model_mape"`
-	WorstCaseRatio float64  `json:"worst_case_ratio"`
-	Ablation       []Row    `json:"ablation"`
-	Mismatches     []string `json:"mismatches,omitempty"`
-}
-
-// Row is one ablation configuration (1 passage); Speedup is against plain
-// decoding run side by side with it.
-type Row struct {
-	Config       string  `json:"config"`
-	TokS         float64 `json:"tok_s"`
-	Speedup      float64 `json:"speedup"`
-	MeanAccepted float64 `json:"mean_accepted"`
-	// TokensPerPass is tokens emitted per forward pass after the first
-	// token: what speculation could gain if a pass cost no more than a
-	// one-token decode.
-	TokensPerPass float64 `json:"tokens_per_pass"`
-	// PrefillMS is the median prefill: calibration asks llama.cpp for the
-	// logits of every prompt row, which this shows the cost of.
-	PrefillMS float64 `json:"prefill_ms"`
-	Note      string  `json:"note,omitempty"`
+	Prompts        int     `json:"prompts"`
+	Threads        int     `json:"threads"`
+	MaxTokens      int     `json:"max_tokens"`
+	PlainTokS      float64 `json:"plain_tok_s"`
+	SpecTokS       float64 `json:"spec_tok_s"`
+	Speedup        float64 `json:"speedup"`
+	Speedup4       float64 `json:"speedup_4"`
+	AcceptanceRate float64 `json:"acceptance_rate"`
+	MeanAccepted   float64 `json:"mean_accepted"`
+	Identical      int     `json:"identical"`
+	Identical4     int     `json:"identical_4"`
+	CostModelMAPE  float64 `json:"cost_model_mape"`
+	WorstCaseRatio float64 `json:"worst_case_ratio"`
+	// Ablation rows are totals over the 1-passage prompts (Ablate).
+	Ablation   []Counted `json:"ablation"`
+	Mismatches []string  `json:"mismatches,omitempty"`
 }
 
 // Options of a run.
@@ -206,44 +190,21 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 		res.WorstCaseRatio = tokS(hs) / tokS(hp)
 	}
 
-	// Ablation on the 1-passage set: each row adds one technique.
-	lookup := full
-	lookup.Calibration, lookup.Reuse = false, false
-	calib := lookup
-	calib.Calibration = true
-	reuse := calib
-	reuse.Reuse = true
-	trees := reuse
+	// Ablation on the 1-passage set: each row adds one technique; plain
+	// decoding runs beside them, prompt by prompt.
+	cfgs := AblationConfigs(full)
+	trees := cfgs[2].Spec // lookup + calibration + reuse
 	trees.TreeBudget = specdec.DefaultTreeBudget
-	rows := []struct {
-		name   string
-		o      specdec.Options
-		noCost bool
-		note   string
-	}{
-		{"+lookup", lookup, true, "suffix-automaton drafts, every draft verified whole"},
-		{"+calibration", calib, true, ""},
-		{"+reuse", reuse, true, ""},
-		{"+tree", trees, true, "token trees of up to 16 nodes, grown as far as the candidates go (unified KV, no flash attention)"},
-		{"+cost-model", trees, false, "the cost model chooses whether and how large a tree to draft"},
-		{"+cost-model, linear", reuse, false, "the cost model on linear drafts: the default"},
+	cfgs = append(cfgs,
+		Config{Name: "+tree", Spec: trees, NoCost: true, Note: "token trees of up to 16 nodes, grown as far as the candidates go (unified KV, no flash attention)"},
+		Config{Name: "+tree, cost-model", Spec: trees, Note: "the cost model chooses whether and how large a tree to draft"},
+		Config{Name: "default", Spec: full, Note: "specdec.DefaultOptions under the cost model"},
+	)
+	rows, err := Ablate(ctx, m, AblateOptions{Threads: opts.Threads, MaxTokens: opts.MaxTokens, Prompts: opts.Prompts1, Configs: cfgs, MaxPassages: 4})
+	if err != nil {
+		return nil, err
 	}
-	for _, r := range rows {
-		d, err := newDec(r.o, r.noCost)
-		if err != nil {
-			return nil, err
-		}
-		ps, rs, err := sideBySide(ctx, plainDec, d, opts.Prompts1, opts.MaxTokens)
-		d.Close()
-		if err != nil {
-			return nil, err
-		}
-		t := tokS(rs)
-		res.Ablation = append(res.Ablation, Row{
-			Config: r.name, TokS: t, Speedup: t / tokS(ps), MeanAccepted: sum(rs).MeanAccepted(), TokensPerPass: tokensPerPass(rs),
-			PrefillMS: medianPrefill(rs), Note: r.note,
-		})
-	}
+	res.Ablation = rows[1:]
 	return res, nil
 }
 

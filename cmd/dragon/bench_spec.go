@@ -26,6 +26,7 @@ func newBenchSpecCmd() *cobra.Command {
 	var (
 		bf        benchFlags
 		maxTokens int
+		heldOut   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "spec",
@@ -36,11 +37,15 @@ func newBenchSpecCmd() *cobra.Command {
 				return err
 			}
 			defer m.Close()
-			p1, err := bf.loadPrompts(1)
+			load := bf.loadPrompts
+			if heldOut {
+				load = func(passages int) ([]promptset.Prompt, error) { return promptset.HeldOut(bf.corpus, bf.n, passages) }
+			}
+			p1, err := load(1)
 			if err != nil {
 				return err
 			}
-			p4, err := bf.loadPrompts(4)
+			p4, err := load(4)
 			if err != nil {
 				return err
 			}
@@ -55,5 +60,6 @@ func newBenchSpecCmd() *cobra.Command {
 	}
 	bf.register(cmd)
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 64, "tokens generated per prompt")
+	cmd.Flags().BoolVar(&heldOut, "held-out", false, "the held-out prompt set (promptset.HeldOut: questions and documents no benchmark was tuned on) instead of the built-in one")
 	return cmd
 }
