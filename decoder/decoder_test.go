@@ -196,10 +196,25 @@ func specVariants() map[string]specVariant {
 	tree := specdec.DefaultOptions()
 	tree.TreeBudget = specdec.DefaultTreeBudget
 	return map[string]specVariant{
-		"linear":           {spec: specdec.DefaultOptions()},
-		"tree":             {spec: tree},
-		"tree, every node": {spec: tree, noCost: true},
+		"linear":                        {spec: specdec.DefaultOptions()},
+		"linear, calibration and reuse": {spec: allOn()},
+		"tree":                          {spec: tree},
+		"tree, every node":              {spec: tree, noCost: true},
+		"tree, calibration, every node": {spec: withTrees(allOn()), noCost: true},
 	}
+}
+
+// allOn is DefaultOptions with the opt-in drafting techniques on
+// (calibration and reuse), which must stay lossless too.
+func allOn() specdec.Options {
+	o := specdec.DefaultOptions()
+	o.Calibration, o.Reuse = true, true
+	return o
+}
+
+func withTrees(o specdec.Options) specdec.Options {
+	o.TreeBudget = specdec.DefaultTreeBudget
+	return o
 }
 
 func TestSpeculativeGreedyEqualsPlainGreedy(t *testing.T) {
@@ -438,7 +453,7 @@ func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
 // a decoder that decoded that prefix plainly.
 func TestStepAndRewind(t *testing.T) {
 	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1}
-	spec := specdec.DefaultOptions()
+	spec := allOn() // reuse's held segment must survive (or not) a rewind
 	_, d := newFakeWith(t, copier, Options{Spec: spec, NoCostModel: true})
 	_, ref := newFakeWith(t, copier, Options{})
 	ctx := context.Background()

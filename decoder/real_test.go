@@ -38,8 +38,11 @@ func TestRealSpeculativeGreedyIsPlainGreedy(t *testing.T) {
 		require.NoError(t, err)
 		// Every draft verified whole: on this CPU the cost model would
 		// verify few drafts with one passage, and each verification is
-		// what this test checks.
-		fast, err := decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Spec: specdec.DefaultOptions(), NoCostModel: true})
+		// what this test checks. Calibration and reuse (opt-in) on, so
+		// that drafts come from every source.
+		spec := specdec.DefaultOptions()
+		spec.Calibration, spec.Reuse = true, true
+		fast, err := decoder.New(m, decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Spec: spec, NoCostModel: true})
 		require.NoError(t, err)
 		var accepted uint64
 		for i, p := range prompts {

@@ -280,11 +280,17 @@ func (d *Drafter) walk(s int32, n int, has func(int32) bool, best func(int32) (C
 	return out
 }
 
+// heldSegment is the held reuse segment where it fits the answer (see
+// reuseHolder), else nil.
 func (d *Drafter) heldSegment() []Token {
-	if !d.opts.Reuse {
+	if !d.opts.Reuse || d.gen < 0 {
 		return nil
 	}
-	return d.reuse.take(d.opts.ReuseBudget)
+	seg := d.reuse.take(d.opts.ReuseBudget)
+	if toks := d.docs[d.gen].toks; len(seg) == 0 || len(toks) != d.reuse.at && (len(toks) == 0 || toks[len(toks)-1] != d.reuse.after) {
+		return nil
+	}
+	return seg
 }
 
 // Verified feeds draft reuse with the outcome of verifying a linear draft:
@@ -307,22 +313,24 @@ func (d *Drafter) VerifiedTree(t *Tree, argmax []Token, v TreeVerdict) {
 }
 
 func (d *Drafter) verified(draft, argmax []Token, drafted int) {
-	if !d.opts.Reuse {
+	if !d.opts.Reuse || d.gen < 0 {
 		return
 	}
-	held := d.reuse.seg
 	d.reuse.spent += drafted
-	if start, end, ok := ReuseSpan(draft, argmax); ok {
-		d.reuse.store(draft[start:end])
-		return
-	}
-	// A segment the answer has just absorbed is spent.
-	a := 0
-	for a < len(draft) && a < len(argmax) && draft[a] == argmax[a] {
-		a++
-	}
-	if len(held) > 0 && a >= len(held) && slices.Equal(draft[:len(held)], held) {
+	if held := d.reuse.seg; len(held) > 0 && len(draft) <= len(held) && slices.Equal(draft, held[:len(draft)]) {
+		// The held segment was verified where it fitted: absorbed, or
+		// rejected there. Either way it is spent; shifted to a later
+		// position it would be misaligned.
 		d.reuse.clear()
+	}
+	if start, end, ok := ReuseSpan(draft, argmax); ok {
+		e := 0
+		for draft[e] == argmax[e] {
+			e++
+		}
+		// The emitted tokens (draft[:e] and the correction) join the
+		// answer next.
+		d.reuse.store(draft[start:end], len(d.docs[d.gen].toks)+e+1, draft[start-1])
 	}
 }
 

@@ -60,6 +60,8 @@ type Child struct {
 	State  int32
 	Weight float32 // weighted occurrences of the context followed by Token
 	Tick   uint32  // clock of the latest such occurrence
+	// Calibrated: only calibrated paths continue the context with Token.
+	Calibrated bool
 }
 
 // NewIndex returns an index holding only the root (the empty string, state 0).
@@ -104,8 +106,10 @@ func (x *Index) Next(s int32, t Token) (int32, bool) {
 	return x.edges[e].to, true
 }
 
-// Children appends the continuations of s to dst, heaviest first, ties
-// broken by recency, then by token id (for determinism).
+// Children appends the continuations of s to dst in the order Best
+// ranks them: those a sequence holds first, then those only calibrated
+// paths hold; within each, heaviest first, ties broken by recency, then by
+// token id (for determinism).
 func (x *Index) Children(s int32, dst []Child) []Child {
 	start := len(dst)
 	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
@@ -113,15 +117,34 @@ func (x *Index) Children(s int32, dst []Child) []Child {
 		if !x.live(to) {
 			continue
 		}
-		dst = append(dst, Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick})
+		dst = append(dst, Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick, Calibrated: !x.plainLive(to)})
 	}
 	slices.SortFunc(dst[start:], func(a, b Child) int {
-		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(b.Tick, a.Tick), cmp.Compare(a.Token, b.Token))
+		return cmp.Or(cmpBool(a.Calibrated, b.Calibrated), cmp.Compare(b.Weight, a.Weight), cmp.Compare(b.Tick, a.Tick), cmp.Compare(a.Token, b.Token))
 	})
 	return dst
 }
 
-// Best returns the heaviest (then most recent) continuation of s.
+// cmpBool orders false before true.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// Best returns the continuation of s to draft. A continuation that some
+// sequence holds (the text itself) always comes before one that only
+// calibrated paths hold: calibration ranks the text's continuations by
+// the model's predictions (their weights add up) and continues where the
+// text does not, but never displaces the text. The model's prediction at
+// a passage position is its guess before it has read the next token, and
+// an answer that copies the passage follows the passage, not the guess
+// (docs/EXPERIMENTS.md, E5). Among equals: the heaviest, then the most
+// recent, then the lowest token id.
 func (x *Index) Best(s int32) (Child, bool) {
 	var best Child
 	found := false
@@ -130,12 +153,19 @@ func (x *Index) Best(s int32) (Child, bool) {
 		if !x.live(to) {
 			continue
 		}
-		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick}
-		if !found || c.Weight > best.Weight || c.Weight == best.Weight && (c.Tick > best.Tick || c.Tick == best.Tick && c.Token < best.Token) {
+		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick, Calibrated: !x.plainLive(to)}
+		if !found || better(c, best) {
 			best, found = c, true
 		}
 	}
 	return best, found
+}
+
+func better(c, best Child) bool {
+	if c.Calibrated != best.Calibrated {
+		return !c.Calibrated
+	}
+	return c.Weight > best.Weight || c.Weight == best.Weight && (c.Tick > best.Tick || c.Tick == best.Tick && c.Token < best.Token)
 }
 
 // Extend appends t to the sequence whose longest string ends in state last
@@ -270,7 +300,7 @@ func (x *Index) BestPlain(s int32) (Child, bool) {
 			continue
 		}
 		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].pocc, Tick: x.st[to].ptick}
-		if !found || c.Weight > best.Weight || c.Weight == best.Weight && (c.Tick > best.Tick || c.Tick == best.Tick && c.Token < best.Token) {
+		if !found || better(c, best) {
 			best, found = c, true
 		}
 	}

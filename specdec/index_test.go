@@ -297,7 +297,20 @@ func TestBestPlainLeavesCalibratedPathsOut(t *testing.T) {
 	require.True(t, x.HasPlainChildren(ab))
 	two, _ := x.Next(ab, '2')
 	require.False(t, x.HasPlainChildren(two))
-	require.Len(t, x.Children(ab, nil), 2)
+
+	// Best and Children put the text's continuation before the heavier
+	// calibrated one, with the calibrated evidence added to its weight.
+	c, ok = x.Best(ab)
+	require.True(t, ok)
+	require.Equal(t, Token('1'), c.Token)
+	require.InDelta(t, 1.5, c.Weight, 1e-6)
+	require.False(t, c.Calibrated)
+	kids := x.Children(ab, nil)
+	require.Len(t, kids, 2)
+	require.Equal(t, []Token{'1', '2'}, []Token{kids[0].Token, kids[1].Token})
+	require.True(t, kids[1].Calibrated)
+	c, ok = x.Best(two)
+	require.False(t, ok, "nothing follows the calibrated token")
 	_, ok = x.BestPlain(s)
 	require.False(t, ok, "nothing follows the end of the text")
 }

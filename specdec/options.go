@@ -20,13 +20,17 @@ type Options struct {
 	// Branching is the most children a tree node is offered.
 	Branching int
 	// Calibration hangs the model's own likely successors off context
-	// positions (sd.npu §3.3).
+	// positions (sd.npu §3.3). They rank the context's continuations and
+	// continue where the context does not, but never displace the
+	// context's own continuation (Index.Best).
 	Calibration bool
-	// Reuse re-offers the plausible tail of a rejected draft (sd.npu §3.4).
+	// Reuse re-offers the plausible tail of a rejected draft (sd.npu §3.4)
+	// where it fits: right after the correction, or once the answer
+	// reaches the draft token it followed.
 	Reuse bool
 	// ReuseBudget is how many drafted tokens a held segment survives: it is
-	// always offered once, then dropped once drafts made while holding it
-	// add up past the budget.
+	// dropped once verified, or once drafts made while holding it add up
+	// past the budget.
 	ReuseBudget int
 	Calibrate   CalibrationOptions
 }
@@ -52,19 +56,24 @@ type CalibrationOptions struct {
 // TreeBudget of token trees when they are turned on.
 const DefaultTreeBudget = 16
 
-// DefaultOptions: linear drafts up to 8 tokens, calibration and reuse on.
-// Token trees (TreeBudget > 1, e.g. DefaultTreeBudget) are opt-in: they
-// need a unified KV buffer, where llama.cpp's flash attention can't be
-// used, and on a 2-core CPU the cost model hardly ever grows one
-// (docs/BENCHMARKS.md).
+// DefaultOptions: linear drafts up to 8 tokens from the context (lookup)
+// under the cost model. In-context calibration and draft reuse are
+// opt-in, for they do not pay here (docs/EXPERIMENTS.md, E5): under the
+// cost model calibration adds half a percent of tokens per forward pass
+// while asking the prefill for every prompt row's logits costs about a
+// quarter more prefill time, and reused segments land where nothing else
+// is proposed and are hardly ever accepted. Token trees (TreeBudget > 1,
+// e.g. DefaultTreeBudget) are opt-in too: they need a unified KV buffer,
+// where llama.cpp's flash attention can't be used, and on a 2-core CPU the
+// cost model hardly ever grows one (docs/BENCHMARKS.md).
 func DefaultOptions() Options {
 	return Options{
 		Enabled:     true,
 		MaxDraft:    8,
 		TreeBudget:  1,
 		Branching:   3,
-		Calibration: true,
-		Reuse:       true,
+		Calibration: false,
+		Reuse:       false,
 		ReuseBudget: 16,
 		Calibrate: CalibrationOptions{
 			MinProb:  0.1,

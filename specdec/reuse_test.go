@@ -33,7 +33,7 @@ func TestReuseSpan(t *testing.T) {
 }
 
 func TestDrafterReusesRejectedTail(t *testing.T) {
-	d := newTestDrafter(t, func(o *Options) { o.ReuseBudget = 6 })
+	d := newTestDrafter(t, func(o *Options) { o.Reuse, o.ReuseBudget = true, 6 })
 	d.StartAnswer(toks("P"))
 	// A draft "XYZuvw" is rejected at X, but uvw agreed with the target.
 	draft, argmax := toks("XYZuvw"), toks("QRSuvwT")
@@ -57,9 +57,10 @@ func TestDrafterReusesRejectedTail(t *testing.T) {
 }
 
 func TestDrafterDropsAbsorbedSegment(t *testing.T) {
-	d := newTestDrafter(t, nil)
+	d := newTestDrafter(t, func(o *Options) { o.Reuse = true })
 	d.StartAnswer(toks("P"))
 	d.Verified(toks("Xuv"), toks("Quvz"))
+	require.NoError(t, d.Append(toks("Q")...))
 	dr := d.Draft()
 	require.Equal(t, "uv", str(dr.Tokens))
 	d.Verified(dr.Tokens, toks("uvz"))
@@ -72,6 +73,7 @@ func TestDrafterPrefersBetterDraftOverReuse(t *testing.T) {
 		acc.Observe(MatchReuse, 0, 1) // reuse never works
 	}
 	o := DefaultOptions()
+	o.Reuse = true
 	d, err := NewDrafter(o, acc)
 	require.NoError(t, err)
 	d.AddDocument(toks("hello world"))
@@ -85,4 +87,45 @@ func TestDrafterPrefersBetterDraftOverReuse(t *testing.T) {
 	d.StartAnswer(nil)
 	d.Verified(toks("Xab"), toks("Qabz"))
 	require.Empty(t, d.Draft().Tokens, "reuse off")
+}
+
+func TestDrafterOffersHeldSegmentOnlyWhereItFits(t *testing.T) {
+	d := newTestDrafter(t, func(o *Options) { o.Reuse = true })
+	d.StartAnswer(toks("P"))
+	// "XYZuvw" rejected at X; "uvw" agreed with the target after it.
+	draft, argmax := toks("XYZuvw"), toks("QRSuvwT")
+	d.Verified(draft, argmax)
+	require.NoError(t, d.Append(toks("Q")...))
+	require.Equal(t, "uvw", str(d.Draft().Tokens), "synonym: right after the correction")
+
+	// A plain step moves the answer on: the segment no longer fits (it
+	// used to be offered at every later position until the budget ran
+	// out, and was then almost never accepted).
+	require.NoError(t, d.Append(toks("m")...))
+	require.Empty(t, d.Draft().Tokens)
+	require.NoError(t, d.Append(toks("n")...))
+	require.Empty(t, d.Draft().Tokens)
+
+	// Missing: once the answer reaches the draft token the segment
+	// followed, it fits again.
+	require.NoError(t, d.Append(toks("Z")...))
+	dr := d.Draft()
+	require.Equal(t, "uvw", str(dr.Tokens))
+	require.Equal(t, OriginReuse, dr.Origin)
+}
+
+func TestDrafterDropsHeldSegmentOnceVerified(t *testing.T) {
+	d := newTestDrafter(t, func(o *Options) { o.Reuse = true })
+	d.StartAnswer(toks("P"))
+	d.Verified(toks("Xuvw"), toks("Quvwz"))
+	require.NoError(t, d.Append(toks("Q")...))
+	dr := d.Draft()
+	require.Equal(t, "uvw", str(dr.Tokens))
+	// Two of its tokens are accepted, the third rejected: re-offered at
+	// the next position it would be shifted by two.
+	v, err := VerifyGreedy(dr.Tokens, toks("uvqr"))
+	require.NoError(t, err)
+	d.Verified(dr.Tokens, toks("uvqr"))
+	require.NoError(t, d.Append(v.Emit...))
+	require.Empty(t, d.Draft().Tokens)
 }
