@@ -59,10 +59,10 @@ const DefaultTreeBudget = 16
 // DefaultOptions: linear drafts up to 8 tokens from the context (lookup)
 // under the cost model. In-context calibration and draft reuse are
 // opt-in, for they do not pay here (docs/EXPERIMENTS.md, E5): under the
-// cost model calibration adds half a percent of tokens per forward pass
-// while asking the prefill for every prompt row's logits costs about a
-// quarter more prefill time, and reused segments land where nothing else
-// is proposed and are hardly ever accepted. Token trees (TreeBudget > 1,
+// cost model calibration moves tokens per forward pass by no more than 2%
+// either way while asking the prefill for every prompt row's logits makes
+// the prefill a quarter to a third longer, and reused segments land where
+// nothing else is proposed and are hardly ever accepted. Token trees (TreeBudget > 1,
 // e.g. DefaultTreeBudget) are opt-in too: they need a unified KV buffer,
 // where llama.cpp's flash attention can't be used, and on a 2-core CPU the
 // cost model hardly ever grows one (docs/BENCHMARKS.md).

@@ -1,7 +1,9 @@
 // Package experiments runs the evaluation that `make experiments` publishes
 // (after DRAGON §7): per-token latency and TTFT of each mode over added
 // network latency with two live daemons (E1, E2), and the aggregator
-// placement strategies on real runs and in the simulator (E3). Each
+// placement strategies on real runs and in the simulator (E3), the
+// perplexity of held-out text (E4) and the ablation of local speculative
+// decoding on held-out prompts (E5). Each
 // experiment writes a CSV and a PNG plot under docs/experiments, and the
 // whole run regenerates docs/EXPERIMENTS.md with the command, the machine
 // and the date beside every table.
@@ -28,10 +30,11 @@ import (
 
 // Options of a run.
 type Options struct {
-	// Latency runs E1–E3, Quality E4; what is not run keeps the results of
-	// the last run that did (dir/experiments/results.json).
-	Latency, Quality bool
-	QualityOpts      QualityOptions
+	// Latency runs E1–E3, Quality E4, Spec E5; what is not run keeps the
+	// results of the last run that did (dir/experiments/results.json).
+	Latency, Quality, Spec bool
+	QualityOpts            QualityOptions
+	SpecOpts               SpecOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
 	Agg       aggbench.Options
@@ -73,6 +76,8 @@ type Results struct {
 	Latency *LatencyResults `json:"latency,omitempty"`
 	// Quality is E4 (nil: never run).
 	Quality *QualityResults `json:"quality,omitempty"`
+	// Spec is E5 (nil: never run).
+	Spec *SpecResults `json:"spec,omitempty"`
 }
 
 // Meta says how a part was measured.
@@ -112,7 +117,7 @@ type QualityResults struct {
 
 // Run measures, then writes the CSVs, plots and the report.
 func Run(ctx context.Context, o Options) (Results, error) {
-	if o.Dir == "" || (!o.Latency && !o.Quality) {
+	if o.Dir == "" || (!o.Latency && !o.Quality && !o.Spec) {
 		return Results{}, errors.New("experiments: need an output folder and something to run")
 	}
 	if o.Log == nil {
@@ -142,6 +147,15 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		}
 		res.Quality = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words}
 		res.Quality.Meta = meta(start)
+	}
+	if o.Spec {
+		start := time.Now()
+		s := o.SpecOpts
+		s.Log = o.Log
+		if res.Spec, err = Spec(ctx, s); err != nil {
+			return res, err
+		}
+		res.Spec.Meta = meta(start)
 	}
 	return res, Write(o.Dir, res)
 }
@@ -238,6 +252,11 @@ func Write(dir string, r Results) error {
 		}
 		if err := plotLines(filepath.Join(out, "e4.png"), "E4: perplexity of held-out text", "passages per side", "perplexity", qualityMethods, q.PPL, xs); err != nil {
 			return fmt.Errorf("experiments: plot e4.png: %w", err)
+		}
+	}
+	if r.Spec != nil {
+		if err := writeSpec(out, r.Spec); err != nil {
+			return err
 		}
 	}
 	return os.WriteFile(filepath.Join(dir, "EXPERIMENTS.md"), []byte(report(r)), 0o644)

@@ -168,6 +168,10 @@ func report(r Results) string {
 	} else {
 		pr("## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.\n\n")
 	}
-	pr("## E5: local speculative decoding ablation\n\nNot measured yet; the earlier ablation is in BENCHMARKS.md (`dragon bench spec`).\n")
+	if r.Spec != nil {
+		specReport(pr, r.Spec)
+	} else {
+		pr("## E5: local speculative decoding ablation (sd.npu Table 4)\n\nNot measured yet; the earlier ablation is in BENCHMARKS.md (`dragon bench spec`).\n")
+	}
 	return b.String()
 }

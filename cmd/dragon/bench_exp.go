@@ -25,7 +25,7 @@ func newBenchExpCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "exp",
-		Short: "The published evaluation: E1 time per token and E2 TTFT of each mode over added latency, E3 placement strategies, E4 perplexity (CSV, plots, docs/EXPERIMENTS.md)",
+		Short: "The published evaluation: E1 time per token and E2 TTFT of each mode over added latency, E3 placement strategies, E4 perplexity, E5 local speculation ablation (CSV, plots, docs/EXPERIMENTS.md)",
 		Long: `Starts a cloud and a device daemon as dragon bench agg does (pinned to cores 0
 and 1, one thread each, the link through netsim with one-way latency L and
 jitter L/5) and asks each question in every mode (dragon, tw, sw,
@@ -34,10 +34,12 @@ strategy, at each L; then replays the placement strategies in the
 simulator (latency). E4 (quality) holds windows of the State of the Union
 corpus out, splits the rest between a device and a cloud BM25 index, and
 measures the perplexity of each window's second half given its first for
-each method and passages per side, in this process. Writes
-docs/experiments/e1.csv … e4.csv, their plots and results.json, and
-regenerates docs/EXPERIMENTS.md; --only runs one part and keeps the other's
-last results. Needs make model, make corpus, make index and make profile
+each method and passages per side, in this process. E5 (spec) answers
+held-out RAG prompts greedily with plain decoding and each configuration
+of local speculative decoding in turn, counting drafts, accepted tokens
+and forward passes, in this process. Writes docs/experiments/e1.csv …
+e5.csv, their plots and results.json, and regenerates docs/EXPERIMENTS.md;
+--only runs some parts and keeps the others' last results. Needs make model, make corpus, make index and make profile
 first (make experiments does all of it).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, e := range strings.Split(only, ",") {
@@ -46,8 +48,10 @@ first (make experiments does all of it).`,
 					o.Latency = true
 				case "quality":
 					o.Quality = true
+				case "spec":
+					o.Spec = true
 				default:
-					return fmt.Errorf("--only %q: latency, quality or both", e)
+					return fmt.Errorf("--only %q: latency, quality, spec or a comma-separated list of them", e)
 				}
 			}
 			var err error
@@ -77,13 +81,17 @@ first (make experiments does all of it).`,
 			if o.QualityOpts.Windows < 1 || o.QualityOpts.Words < 8 || threads < 1 {
 				return fmt.Errorf("--windows ≥ 1, --window-words ≥ 8 and --threads ≥ 1")
 			}
-			if o.Quality {
+			if o.SpecOpts.Prompts < 1 || o.SpecOpts.MaxTokens < 2 || o.SpecOpts.Repeats < 1 {
+				return fmt.Errorf("--spec-prompts ≥ 1, --spec-tokens ≥ 2 and --spec-repeats ≥ 1")
+			}
+			if o.Quality || o.Spec {
 				m, err := llamacpp.Load(o.Agg.Model, llamacpp.Options{Threads: threads})
 				if err != nil {
 					return err
 				}
 				defer m.Close()
 				o.QualityOpts.Model, o.QualityOpts.Threads = m, threads
+				o.SpecOpts.Model, o.SpecOpts.Threads = m, threads
 			}
 			o.Command = "dragon " + strings.Join(os.Args[1:], " ")
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
@@ -105,11 +113,15 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
-	f.StringVar(&only, "only", "latency,quality", "parts to run: latency (E1–E3), quality (E4); the other keeps its last results")
+	f.StringVar(&only, "only", "latency,quality,spec", "parts to run: latency (E1–E3), quality (E4), spec (E5); the others keep their last results")
 	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
 	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
 	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
 	f.StringVar(&passages, "quality-passages", "0,1,2,4,8", "E4: passages per side")
-	f.IntVar(&threads, "threads", 2, "E4: compute threads")
+	f.IntVar(&threads, "threads", 2, "E4, E5: compute threads")
+	f.StringVar(&o.SpecOpts.Corpus, "spec-corpus", "data/corpus", "E5: folder of the two demo corpora (sotu/, mail/) the held-out prompts come from")
+	f.IntVar(&o.SpecOpts.Prompts, "spec-prompts", 16, "E5: held-out prompts (one passage each)")
+	f.IntVar(&o.SpecOpts.MaxTokens, "spec-tokens", 64, "E5: tokens per answer")
+	f.IntVar(&o.SpecOpts.Repeats, "spec-repeats", 2, "E5: repeats of the prompt set (tok/s and speedup are medians over them)")
 	return cmd
 }
