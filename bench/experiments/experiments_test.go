@@ -82,7 +82,7 @@ func TestWrite(t *testing.T) {
 	md, err = os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "dragon / tw = 0.10", "E1 kept")
-	assert.Contains(t, string(md), "best of device-only, cloud-only and none: 0.88 at k = 4", "dragon 14 against cloud-only 16")
+	assert.Contains(t, string(md), "best of device-only, cloud-only and none: 0.875 at k = 4", "dragon 14 against cloud-only 16")
 	f, err := os.Open(filepath.Join(dir, "experiments", "e4.csv"))
 	require.NoError(t, err)
 	recs, err := csv.NewReader(f).ReadAll()

@@ -162,7 +162,7 @@ func report(r Results) string {
 				continue
 			}
 			best := math.Min(math.Min(q.PPL["device-only"][k], q.PPL["cloud-only"][k]), q.PPL["none"][k])
-			pr(" %.2f at k = %s;", q.PPL["dragon"][k]/best, k)
+			pr(" %.3f at k = %s;", q.PPL["dragon"][k]/best, k)
 		}
 		pr(" (target < 1 from k = 4).\n\n")
 	} else {

@@ -50,8 +50,9 @@ first (make experiments does all of it).`,
 					o.Quality = true
 				case "spec":
 					o.Spec = true
+				case "report": // run nothing: regenerate the report from results.json
 				default:
-					return fmt.Errorf("--only %q: latency, quality, spec or a comma-separated list of them", e)
+					return fmt.Errorf("--only %q: latency, quality, spec, a comma-separated list of them, or report", e)
 				}
 			}
 			var err error
@@ -113,7 +114,7 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
-	f.StringVar(&only, "only", "latency,quality,spec", "parts to run: latency (E1–E3), quality (E4), spec (E5); the others keep their last results")
+	f.StringVar(&only, "only", "latency,quality,spec", "parts to run: latency (E1–E3), quality (E4), spec (E5); the others keep their last results (report: run none, regenerate the report)")
 	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
 	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
 	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
