@@ -143,19 +143,27 @@ func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
 	assert.Equal(t, uint64(1), st.GetGenerations())
 }
 
-// TestUnreachableCloudAnswersAlone: with the cloud away, a dragon request
-// is answered from the device's passages, flagged as a fallback in the
-// first chunk and in the summary.
-func TestUnreachableCloudAnswersAlone(t *testing.T) {
-	conn, err := grpc.NewClient("127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+// dragonDevice is a device (fake model, dragon mode by default) whose
+// cloud is at addr; the test closes it.
+func dragonDevice(t *testing.T, addr string) *Server {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	srv, err := New(Config{SideConfig: session.SideConfig{
 		Model: fake.New(fake.Config{Seed: 3, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
 		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
 	}, Peer: dragonv1.NewPeerServiceClient(conn)})
 	require.NoError(t, err)
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// TestUnreachableCloudAnswersAlone: with the cloud away, a dragon request
+// is answered from the device's passages, flagged as a fallback in the
+// first chunk and in the summary.
+func TestUnreachableCloudAnswersAlone(t *testing.T) {
+	srv := dragonDevice(t, "127.0.0.1:1")
 	rec := &recorder{ctx: context.Background()}
 	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
 	require.Greater(t, len(rec.sent), 1)
@@ -209,15 +217,7 @@ func TestBeginTravelsWithHelloAndRefusalFallsBack(t *testing.T) {
 	dragonv1.RegisterPeerServiceServer(gs, cloud)
 	go func() { _ = gs.Serve(lis) }()
 	defer gs.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	srv, err := New(Config{SideConfig: session.SideConfig{
-		Model: fake.New(fake.Config{Seed: 3, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
-		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
-	}, Peer: dragonv1.NewPeerServiceClient(conn)})
-	require.NoError(t, err)
-	defer srv.Close()
+	srv := dragonDevice(t, lis.Addr().String())
 	rec := &recorder{ctx: context.Background()}
 	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
 	assert.True(t, <-cloud.beganFirst, "the Begin arrived before the cloud's Hello was sent")

@@ -52,24 +52,7 @@ func BuiltIn(dir string, n, passages int) ([]Prompt, error) {
 		}
 		sources[c] = texts
 	}
-	out := make([]Prompt, 0, n)
-	for i := range n {
-		c := "sotu"
-		if i%2 == 1 {
-			c = "mail"
-		}
-		texts := sources[c]
-		p := Prompt{Query: templates[i%len(templates)], Corpus: c}
-		for j := range passages {
-			p.Passages = append(p.Passages, decoder.Passage{
-				Text:   texts[(i/2+j*7)%len(texts)],
-				Score:  2 - 0.5*float64(j),
-				Source: c,
-			})
-		}
-		out = append(out, p)
-	}
-	return out, nil
+	return assemble(sources, templates, n, passages, 7), nil
 }
 
 // corpusTexts takes k evenly spaced documents of a corpus folder and a
@@ -189,6 +172,13 @@ func HeldOut(dir string, n, passages int) ([]Prompt, error) {
 		}
 		sources[c] = texts
 	}
+	return assemble(sources, heldOutTemplates, n, passages, 5), nil
+}
+
+// assemble makes n prompts alternating between the sotu and mail corpora,
+// the i-th asking the i-th template (cyclically) over passages documents of
+// its corpus taken stride apart, scored in decreasing order.
+func assemble(sources map[string][]string, templates []string, n, passages, stride int) []Prompt {
 	out := make([]Prompt, 0, n)
 	for i := range n {
 		c := "sotu"
@@ -196,17 +186,17 @@ func HeldOut(dir string, n, passages int) ([]Prompt, error) {
 			c = "mail"
 		}
 		texts := sources[c]
-		p := Prompt{Query: heldOutTemplates[i%len(heldOutTemplates)], Corpus: c}
+		p := Prompt{Query: templates[i%len(templates)], Corpus: c}
 		for j := range passages {
 			p.Passages = append(p.Passages, decoder.Passage{
-				Text:   texts[(i/2+j*5)%len(texts)],
+				Text:   texts[(i/2+j*stride)%len(texts)],
 				Score:  2 - 0.5*float64(j),
 				Source: c,
 			})
 		}
 		out = append(out, p)
 	}
-	return out, nil
+	return out
 }
 
 // excerpt is about words words starting at a sentence near thirds/3 of
