@@ -5,6 +5,7 @@
 package device
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,10 +34,13 @@ type Config struct {
 	session.SideConfig
 	// Peer reaches the cloud; nil: only device-only generations.
 	Peer dragonv1.PeerServiceClient
-	// StallTimeout: a generation whose cloud decides no step for this long
-	// goes on alone (0: 10 s).
+	// StallTimeout: a generation whose cloud answers no handshake or
+	// decides no step for this long goes on alone (0: 10 s).
 	StallTimeout time.Duration
 }
+
+// defaultStallTimeout is StallTimeout's default.
+const defaultStallTimeout = 10 * time.Second
 
 // Server serves dragon.v1.DeviceService.
 type Server struct {
@@ -129,7 +133,7 @@ func (s *Server) generate(ctx context.Context, req session.Request, opts session
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		return s.alone(ctx, req, opts, out.emit)
 	}
-	opts.Fallback, opts.StallTimeout = true, s.cfg.StallTimeout
+	opts.Fallback, opts.StallTimeout = true, cmp.Or(s.cfg.StallTimeout, defaultStallTimeout)
 	opts.OnFallback = func(step int, cause error) { out.fallback(step, cause) }
 	sum, err := s.withCloud(ctx, req, opts, out.emit)
 	if err == nil || ctx.Err() != nil || out.sentAny() {
@@ -191,7 +195,9 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	defer stopLocal()
 	shook := make(chan handshake, 1)
 	go func() {
-		peer, err := session.AwaitHello(ctx, conn, s.hello)
+		hctx, done := context.WithTimeout(ctx, cmp.Or(s.cfg.StallTimeout, defaultStallTimeout))
+		defer done()
+		peer, err := session.AwaitHello(hctx, conn, s.hello)
 		if err != nil {
 			stopLocal()
 		}

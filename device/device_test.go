@@ -145,7 +145,7 @@ func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
 
 // dragonDevice is a device (fake model, dragon mode by default) whose
 // cloud is at addr; the test closes it.
-func dragonDevice(t *testing.T, addr string) *Server {
+func dragonDevice(t *testing.T, addr string, stall time.Duration) *Server {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
@@ -153,7 +153,7 @@ func dragonDevice(t *testing.T, addr string) *Server {
 	srv, err := New(Config{SideConfig: session.SideConfig{
 		Model: fake.New(fake.Config{Seed: 3, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
 		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
-	}, Peer: dragonv1.NewPeerServiceClient(conn)})
+	}, Peer: dragonv1.NewPeerServiceClient(conn), StallTimeout: stall})
 	require.NoError(t, err)
 	t.Cleanup(func() { srv.Close() })
 	return srv
@@ -163,7 +163,7 @@ func dragonDevice(t *testing.T, addr string) *Server {
 // is answered from the device's passages, flagged as a fallback in the
 // first chunk and in the summary.
 func TestUnreachableCloudAnswersAlone(t *testing.T) {
-	srv := dragonDevice(t, "127.0.0.1:1")
+	srv := dragonDevice(t, "127.0.0.1:1", 0)
 	rec := &recorder{ctx: context.Background()}
 	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
 	require.Greater(t, len(rec.sent), 1)
@@ -217,7 +217,7 @@ func TestBeginTravelsWithHelloAndRefusalFallsBack(t *testing.T) {
 	dragonv1.RegisterPeerServiceServer(gs, cloud)
 	go func() { _ = gs.Serve(lis) }()
 	defer gs.Stop()
-	srv := dragonDevice(t, lis.Addr().String())
+	srv := dragonDevice(t, lis.Addr().String(), 0)
 	rec := &recorder{ctx: context.Background()}
 	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
 	assert.True(t, <-cloud.beganFirst, "the Begin arrived before the cloud's Hello was sent")
@@ -226,4 +226,34 @@ func TestBeginTravelsWithHelloAndRefusalFallsBack(t *testing.T) {
 	assert.Contains(t, sum.GetFallbackReason(), "fingerprint")
 	assert.Positive(t, sum.GetTokens())
 	assert.Equal(t, rec.text(), sum.GetText())
+}
+
+// silentCloud accepts sessions and never says a word.
+type silentCloud struct {
+	dragonv1.UnimplementedPeerServiceServer
+}
+
+func (silentCloud) Session(stream grpc.BidiStreamingServer[dragonv1.PeerMessage, dragonv1.PeerMessage]) error {
+	<-stream.Context().Done()
+	return nil
+}
+
+// TestSilentCloudAtHandshakeFallsBack: a cloud that takes the stream but
+// never answers the Hello holds the answer up for the stall timeout only.
+func TestSilentCloudAtHandshakeFallsBack(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	dragonv1.RegisterPeerServiceServer(gs, silentCloud{})
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+	srv := dragonDevice(t, lis.Addr().String(), 300*time.Millisecond)
+	rec := &recorder{ctx: context.Background()}
+	start := time.Now()
+	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+	assert.Less(t, time.Since(start), 5*time.Second)
+	sum := rec.sent[len(rec.sent)-1].GetSummary()
+	assert.True(t, sum.GetFallback())
+	assert.Contains(t, sum.GetFallbackReason(), "handshake")
+	assert.Positive(t, sum.GetTokens())
 }
