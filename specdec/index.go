@@ -146,14 +146,23 @@ func cmpBool(a, b bool) int {
 // (docs/EXPERIMENTS.md, E5). Among equals: the heaviest, then the most
 // recent, then the lowest token id.
 func (x *Index) Best(s int32) (Child, bool) {
+	return x.bestOf(s, x.live, func(c *Child) {
+		c.Weight, c.Tick, c.Calibrated = x.st[c.State].occ, x.st[c.State].tick, !x.plainLive(c.State)
+	})
+}
+
+// bestOf is the best child of s among those live says are, each weighed
+// by weigh (which sets Weight, Tick and Calibrated).
+func (x *Index) bestOf(s int32, live func(int32) bool, weigh func(*Child)) (Child, bool) {
 	var best Child
 	found := false
 	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
 		to := x.edges[e].to
-		if !x.live(to) {
+		if !live(to) {
 			continue
 		}
-		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].occ, Tick: x.st[to].tick, Calibrated: !x.plainLive(to)}
+		c := Child{Token: x.edges[e].tok, State: to}
+		weigh(&c)
 		if !found || better(c, best) {
 			best, found = c, true
 		}
@@ -292,17 +301,5 @@ func (x *Index) HasPlainChildren(s int32) bool {
 // BestPlain is Best as an index without calibrated paths would answer:
 // weights and recency of the sequences' own occurrences only.
 func (x *Index) BestPlain(s int32) (Child, bool) {
-	var best Child
-	found := false
-	for e := x.st[s].head; e >= 0; e = x.edges[e].sib {
-		to := x.edges[e].to
-		if !x.plainLive(to) {
-			continue
-		}
-		c := Child{Token: x.edges[e].tok, State: to, Weight: x.st[to].pocc, Tick: x.st[to].ptick}
-		if !found || better(c, best) {
-			best, found = c, true
-		}
-	}
-	return best, found
+	return x.bestOf(s, x.plainLive, func(c *Child) { c.Weight, c.Tick = x.st[c.State].pocc, x.st[c.State].ptick })
 }
