@@ -109,6 +109,54 @@ func (p *Proposer) Propose(probs []float32, step uint64, epoch uint32, logMass f
 	return Draft{side: p.side, step: step, epoch: epoch, token: tok, dist: p.view.Clone(), logMass: logMass, payload: payload}, nil
 }
 
+// ProposeBeside is Propose for a step whose peer draft, drafted on the
+// same answer prefix, is already at hand. A greedy draft is then the
+// argmax of the two sides' mixture, the token the aggregator will decide,
+// so it is accepted where the side's own argmax would have been rejected.
+// When this side's top-p set lacks that token, the distribution is encoded
+// with the token kept (codec.Encoder.Encode's drafted), which only raises
+// its mixture weight, and the draft stays the side's own argmax in the
+// rare case where rounding made another token win. Either way the step's
+// target is the argmax of the mixture of the blind distributions, so the
+// answer stays exactly the greedy one. Sampled drafts must be drawn from
+// the side's own distribution (Algorithm 1), so they ignore the peer.
+// moved reports a token other than the side's own argmax.
+func (p *Proposer) ProposeBeside(probs []float32, step uint64, epoch uint32, logMass float64, peer *Draft) (d Draft, moved bool, err error) {
+	if peer.side != p.side.Other() || peer.step != step {
+		return Draft{}, false, fmt.Errorf("aggregator: %v drafting step %d beside %v", p.side, step, peer)
+	}
+	d, err = p.Propose(probs, step, epoch, logMass)
+	if err != nil || !p.greedy {
+		return d, false, err
+	}
+	t := p.mixtureArgmax(&d, peer)
+	switch {
+	case t == d.token:
+		return d, false, nil
+	case d.dist.Prob(t) > 0:
+		d.token = t
+		return d, true, nil
+	}
+	payload, err := p.enc.Encode(nil, probs, t, &p.view)
+	if err != nil {
+		return Draft{}, false, fmt.Errorf("aggregator: encode the distribution of step %d with token %d: %w", step, t, err)
+	}
+	kept := Draft{side: p.side, step: step, epoch: epoch, token: t, dist: p.view.Clone(), logMass: logMass, payload: payload}
+	if kept.dist.Prob(t) <= 0 || p.mixtureArgmax(&kept, peer) != t {
+		return d, false, nil
+	}
+	return kept, true, nil
+}
+
+// mixtureArgmax is the target the aggregator decides for a greedy draft d
+// of this side and the peer's of the same step.
+func (p *Proposer) mixtureArgmax(d, peer *Draft) int32 {
+	if p.side == Device {
+		return newPair(d, peer).mixtureArgmax()
+	}
+	return newPair(peer, d).mixtureArgmax()
+}
+
 // WireDraft is a draft as it arrives from the peer.
 type WireDraft struct {
 	Side    Side

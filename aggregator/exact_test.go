@@ -143,16 +143,30 @@ func TestBrokenRuleFailsExactnessTest(t *testing.T) {
 }
 
 // TestGreedyTargetIsMixtureArgmax: with temperature 0 every target is the
-// argmax of the mixture of the two distributions given the prefix.
+// argmax of the mixture of the two distributions given the prefix, whether
+// or not drafts are shared and made beside the peer's (which must cut the
+// rejections; the harness checks each such peer draft's prefix).
 func TestGreedyTargetIsMixtureArgmax(t *testing.T) {
-	for _, eta := range []float64{0.2, 0.5, 0.8} {
+	rejected := map[bool]uint64{}
+	for _, c := range []struct {
+		eta   float64
+		share bool
+	}{{0.2, false}, {0.5, false}, {0.8, false}, {0.2, true}, {0.5, true}, {0.8, true}} {
+		eta := c.eta
 		dist := disagreeing(5)
 		w := newWorld(t, worldConfig{
-			seed: 3, greedy: true, topP: 1, dist: dist, logMass: logMass(eta),
+			seed: 3, greedy: true, topP: 1, dist: dist, logMass: logMass(eta), share: c.share,
 			maxBurst: 3, lookahead: 6, switchProb: 0.3, staleProb: 0.5, first: Cloud, steps: 500,
 		})
 		w.run()
 		targets := w.agreed()
+		if c.share {
+			assert.Positive(t, w.moved, "eta %.1f: drafts moved to the mixture's argmax", eta)
+		} else {
+			assert.Zero(t, w.beside, "eta %.1f", eta)
+		}
+		st := [2]Stats{w.nodes[0].Stats(Device), w.nodes[0].Stats(Cloud)}
+		rejected[c.share] += st[0].Rejected + st[1].Rejected
 		prev := len(dist[0][0])
 		for step, tok := range targets {
 			best, bestP := -1, -1.0
@@ -165,4 +179,6 @@ func TestGreedyTargetIsMixtureArgmax(t *testing.T) {
 			prev = int(tok)
 		}
 	}
+	t.Logf("rejected drafts: %d blind, %d beside the peer's", rejected[false], rejected[true])
+	assert.Less(t, rejected[true], rejected[false]*3/4, "shared drafts cut rejections")
 }

@@ -3,6 +3,7 @@ package aggregator
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -64,6 +65,9 @@ type world struct {
 	prefixes map[draftKey]uint64
 	switches int
 	verified int
+	// beside counts drafts made beside a peer draft; moved those whose
+	// token that changed.
+	beside, moved int
 }
 
 type draftKey struct {
@@ -83,6 +87,7 @@ type worldConfig struct {
 	switchProb float64 // chance per turn of a switch request
 	staleProb  float64 // chance that a burst computed before a rollback is still submitted
 	first      Side
+	share      bool   // Config.Share, and greedy drafts beside the peer's
 	steps      uint64 // stop once this many steps are decided
 	// rule replaces Algorithm 1 on both Nodes (nil: the real one).
 	rule func(p pair, greedy bool, seed, step uint64) int32
@@ -93,10 +98,11 @@ type worldConfig struct {
 type producer struct {
 	side Side
 	prop *Proposer
-	// The prefix: its length, last token and hash.
+	// The prefix: its length, last token and hash, and its tokens.
 	n       int
 	last    int32
 	hash    uint64
+	toks    []int32
 	epoch   uint32
 	pending []Draft // computed, not yet handed to the Node (a pass in flight)
 }
@@ -104,7 +110,7 @@ type producer struct {
 func newWorld(t testing.TB, cfg worldConfig) *world {
 	w := &world{t: t, r: rand.New(rand.NewPCG(cfg.seed, 99)), cfg: cfg, prefixes: map[draftKey]uint64{}, truthHash: []uint64{0}}
 	for i, side := range Sides {
-		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed})
+		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed, Share: cfg.share})
 		require.NoError(t, err)
 		if cfg.rule != nil {
 			n.rule = cfg.rule
@@ -185,12 +191,54 @@ func (w *world) draft(i int) {
 	n := 1 + w.r.IntN(w.cfg.maxBurst)
 	for range n {
 		step := uint64(p.n)
-		d, err := p.prop.Propose(w.cfg.dist[i].next(p.n, p.last), step, p.epoch, w.cfg.logMass[i])
+		probs := w.cfg.dist[i].next(p.n, p.last)
+		var (
+			d     Draft
+			moved bool
+			err   error
+		)
+		if peer := w.peerDraft(i); peer != nil {
+			w.beside++
+			d, moved, err = p.prop.ProposeBeside(probs, step, p.epoch, w.cfg.logMass[i], peer)
+			if moved {
+				w.moved++
+			}
+		} else {
+			d, err = p.prop.Propose(probs, step, p.epoch, w.cfg.logMass[i])
+		}
 		require.NoError(w.t, err)
 		w.prefixes[draftKey{p.side, step, p.epoch}] = p.hash
 		p.n, p.last, p.hash = p.n+1, d.Token(), extendHash(p.hash, d.Token())
+		p.toks = append(p.toks, d.Token())
 		p.pending = append(p.pending, d)
 	}
+}
+
+// peerDraft finds the peer's draft of side i's next step as a session does
+// (its Node's epoch for the side is the producer's, and the peer's chain
+// before the step holds the producer's tokens) and checks against the
+// recorded prefixes that it was drafted on the producer's prefix.
+func (w *world) peerDraft(i int) *Draft {
+	p, node := w.sides[i], w.nodes[i]
+	if !w.cfg.share || !w.cfg.greedy || node.Epoch(p.side) != p.epoch {
+		return nil
+	}
+	chain := node.PeerDrafts()
+	if len(chain) == 0 {
+		return nil
+	}
+	from := int(chain[0].Step())
+	if p.n < from || p.n >= from+len(chain) {
+		return nil
+	}
+	for k, d := range chain[:p.n-from] {
+		if d.Token() != p.toks[from+k] {
+			return nil
+		}
+	}
+	d := chain[p.n-from]
+	require.Equal(w.t, w.prefixes[draftKey{d.side, d.step, d.epoch}], p.hash, "%v is on another prefix than %v's step %d", &d, p.side, p.n)
+	return &d
 }
 
 func (w *world) submit(i int) {
@@ -228,6 +276,7 @@ func (w *world) apply(i int, ev Event) {
 			p := w.sides[i]
 			require.Equal(w.t, uint64(len(w.decided[i])-1), a.Step)
 			p.n, p.last, p.hash = len(w.decided[i]), a.Target, w.decidedHash[i]
+			p.toks = slices.Clone(w.decided[i])
 			p.epoch = a.Epoch
 			if p.pending != nil && w.r.Float64() >= w.cfg.staleProb {
 				p.pending = nil // the pass in flight was aborted

@@ -22,6 +22,12 @@ type Config struct {
 	// IsEnd reports whether a target token ends the generation (end of
 	// generation); nil: none does.
 	IsEnd func(tok int32) bool
+	// Share has the aggregating side send its own undecided drafts too, so
+	// that the other side keeps the aggregator's chain as well and each
+	// side sees the peer's drafts (PeerDrafts) whoever aggregates: for
+	// greedy drafts beside them (Proposer.ProposeBeside). Both sides must
+	// agree.
+	Share bool
 }
 
 func (c Config) validate() error {
@@ -132,7 +138,8 @@ type Stats struct {
 	Admitted, Accepted, Rejected uint64
 	// Stale drafts carried an epoch older than the side's current one and
 	// were dropped; late ones reached this Node after it handed the
-	// aggregator over (their side still holds them).
+	// aggregator over (their side still holds them) or, shared, did not
+	// extend the peer's chain.
 	Stale, Late uint64
 	// SecondChoice counts rejections, decided on this Node, whose target
 	// was the rejected side's second most probable token: those a hedge
@@ -146,7 +153,9 @@ type sideState struct {
 	// expect is the step the side's next draft of this epoch must carry.
 	expect uint64
 	// queue holds undecided drafts of the current epoch in step order: both
-	// sides' on the aggregating Node, only its own on the other.
+	// sides' on the aggregating Node, only its own on the other unless
+	// drafts are shared (Config.Share). A non-empty queue starts at the
+	// first undecided step.
 	queue []Draft
 	stats Stats
 }
@@ -188,6 +197,15 @@ func (n *Node) Stats(side Side) Stats { return n.sides[side.Index()].stats }
 // Handovers is how many times this Node handed the aggregator over or took
 // it.
 func (n *Node) Handovers() uint64 { return n.handovers }
+
+// PeerDrafts are the peer's undecided drafts of its current epoch that
+// reached this side, in step order from NextStep, each drafted on the
+// decided answer followed by the ones before it; empty on the side that
+// does not aggregate unless drafts are shared (Config.Share). The slice is
+// the caller's.
+func (n *Node) PeerDrafts() []Draft {
+	return slices.Clone(n.sides[n.cfg.Self.Other().Index()].queue)
+}
 
 // Done reports whether the generation is over.
 func (n *Node) Done() bool { return n.done }
@@ -238,6 +256,9 @@ func (n *Node) admit(side Side, d *Draft) (bool, error) {
 }
 
 func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
+	if side != n.cfg.Self && !n.aggregating {
+		return nil, n.shadow(drafts)
+	}
 	s := &n.sides[side.Index()]
 	var fresh []Draft
 	for i := range drafts {
@@ -259,7 +280,35 @@ func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 		}
 		return []Action{SendDrafts{Drafts: fresh}}, nil
 	}
-	return n.decide(), nil
+	acts := n.decide()
+	if side == n.cfg.Self && n.cfg.Share && !n.done {
+		// The fresh drafts still undecided: the tail of the queue (a
+		// rejection emptied it).
+		if left := s.queue[max(0, len(s.queue)-len(fresh)):]; len(left) > 0 {
+			acts = append(acts, SendDrafts{Drafts: slices.Clone(left)})
+		}
+	}
+	return acts, nil
+}
+
+// shadow keeps the aggregating peer's shared drafts that extend its chain
+// under its current epoch; the rest (stale, or sent before a handover) are
+// late. They are a view for drafting beside, never decided here.
+func (n *Node) shadow(drafts []Draft) error {
+	other := n.cfg.Self.Other()
+	s := &n.sides[other.Index()]
+	for i := range drafts {
+		d := &drafts[i]
+		if d.side != other {
+			return fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, other)
+		}
+		if n.cfg.Share && d.epoch == s.epoch && d.step == n.next+uint64(len(s.queue)) {
+			s.queue = append(s.queue, *d)
+			continue
+		}
+		s.stats.Late++
+	}
+	return nil
 }
 
 // decide runs Algorithm 1 on every step both queues have a draft for.
@@ -354,6 +403,11 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 			me.expect = v.Step + 1
 			rollback = Rollback{Step: v.Step, Target: v.Target, Epoch: v.NextEpoch[i]}
 		}
+		if peer := &n.sides[self.Other().Index()]; v.Accept[1-i] && len(peer.queue) > 0 && peer.queue[0].step == v.Step {
+			peer.queue = peer.queue[1:]
+		} else {
+			peer.queue = peer.queue[:0]
+		}
 		for j := range n.sides {
 			st := &n.sides[j]
 			st.epoch = v.NextEpoch[j]
@@ -434,8 +488,11 @@ func (n *Node) stepSwitch() []Action {
 		Epochs:   [2]uint32{n.sides[0].epoch, n.sides[1].epoch},
 		Queue:    slices.Clone(n.sides[self].queue),
 	}
-	// The peer keeps its own drafts; those in flight to us arrive late.
-	n.sides[other].queue = n.sides[other].queue[:0]
+	// The peer keeps its own drafts; those in flight to us arrive late,
+	// unless shared: then the queue goes on as the view of its chain.
+	if !n.cfg.Share {
+		n.sides[other].queue = n.sides[other].queue[:0]
+	}
 	n.aggregating = false
 	n.handovers++
 	return []Action{SendHandover{Handover: h}}

@@ -281,3 +281,40 @@ func TestSecondChoiceCounted(t *testing.T) {
 	assert.Equal(t, uint64(2), n.Stats(Device).Rejected)
 	assert.Equal(t, uint64(1), n.Stats(Device).SecondChoice, "the third choice is not counted")
 }
+
+// TestPeerDraftsAreTheUndecidedChain: the aggregating Node shows the peer's
+// undecided drafts of its current epoch from the next step on; a rejection
+// empties them until the peer drafts under its new epoch; the other Node
+// shows none.
+func TestPeerDraftsAreTheUndecidedChain(t *testing.T) {
+	n := newNode(t, Device, Device)
+	step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB), mk(t, Cloud, 2, 0, tokC)}})
+	tokens := func() []int32 {
+		var ts []int32
+		for _, d := range n.PeerDrafts() {
+			ts = append(ts, d.Token())
+		}
+		return ts
+	}
+	assert.Equal(t, []int32{tokA, tokB, tokC}, tokens())
+	step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 0, 0, tokA)}})
+	assert.Equal(t, []int32{tokB, tokC}, tokens(), "step 0 decided")
+	assert.Equal(t, uint64(1), n.PeerDrafts()[0].Step())
+	// A device draft the cloud's mass outweighs: the cloud wins, nothing is
+	// rejected on its side.
+	step(t, n, LocalDrafts{Drafts: []Draft{mk(t, Device, 1, 0, tokC)}})
+	assert.Equal(t, []int32{tokC}, tokens())
+
+	n = newNode(t, Device, Device)
+	step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB)}})
+	// Equal weights would favour the lower id; give the device all the
+	// mass so that the cloud's draft is rejected.
+	p, err := NewProposer(Device, 1, true, 1)
+	require.NoError(t, err)
+	d, err := p.Propose(oneHot(tokC), 0, 0, 50)
+	require.NoError(t, err)
+	step(t, n, LocalDrafts{Drafts: []Draft{d}})
+	assert.Empty(t, n.PeerDrafts(), "the cloud's old-epoch drafts are gone")
+
+	assert.Empty(t, newNode(t, Cloud, Device).PeerDrafts(), "only the aggregator sees the peer's drafts")
+}

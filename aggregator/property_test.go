@@ -9,7 +9,7 @@ import (
 
 // TestNoTargetLostDuplicatedOrReordered runs many random worlds (burst
 // sizes, lookahead, handover rate, stale submissions, interleavings, first
-// aggregator, greedy or sampled) and checks each against a reference run
+// aggregator, greedy or sampled, shared drafts) and checks each against a reference run
 // with one draft at a time and no handover: the targets are a function of
 // the seed alone, so any lost, duplicated or reordered target, or a draft
 // verified on the wrong prefix, shows up as a difference.
@@ -36,6 +36,7 @@ func TestNoTargetLostDuplicatedOrReordered(t *testing.T) {
 		cfg.switchProb = []float64{0, 0.05, 0.3, 0.9}[r.IntN(4)]
 		cfg.staleProb = r.Float64()
 		cfg.first = Sides[r.IntN(2)]
+		cfg.share = r.IntN(2) == 0
 		w := newWorld(t, cfg)
 		w.run()
 		got := w.agreed()

@@ -16,6 +16,7 @@ type Metrics struct {
 	tokenLatency prometheus.Histogram
 	tokens       prometheus.Counter
 	drafts       *prometheus.CounterVec
+	beside       prometheus.Counter
 	switches     prometheus.Counter
 	bytes        *prometheus.CounterVec
 	compression  prometheus.Histogram
@@ -45,6 +46,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		drafts: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dragon_drafts_total", Help: "Drafts by side and outcome (accepted, rejected, stale).",
 		}, []string{"side", "outcome"}),
+		beside: f.NewCounter(prometheus.CounterOpts{
+			Name: "dragon_drafts_beside_total", Help: "This side's greedy drafts that took the mixture's argmax from the peer's draft of the same step.",
+		}),
 		switches: f.NewCounter(prometheus.CounterOpts{Name: "dragon_aggregator_switches_total", Help: "Times the aggregator moved between sides."}),
 		bytes: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dragon_peer_bytes_total", Help: "Bytes of peer messages by direction (sent, received).",
@@ -124,6 +128,7 @@ func (m *Metrics) Observe(mode string, start time.Time, sum Summary, err error) 
 		m.drafts.WithLabelValues(side.String(), "rejected").Add(float64(sum.Rejected[i]))
 		m.drafts.WithLabelValues(side.String(), "stale").Add(float64(sum.Stale[i]))
 	}
+	m.beside.Add(float64(sum.Beside))
 	m.switches.Add(float64(sum.Switches))
 	m.bytes.WithLabelValues("sent").Add(float64(sum.BytesSent))
 	m.bytes.WithLabelValues("received").Add(float64(sum.BytesReceived))

@@ -24,7 +24,7 @@ func TestMetrics(t *testing.T) {
 		Tokens:     []int32{5, 6, 7},
 		TokenTimes: []time.Time{start.Add(time.Second), start.Add(1100 * time.Millisecond), start.Add(1200 * time.Millisecond)},
 		Accepted:   [2]uint64{3, 2}, Rejected: [2]uint64{0, 1}, Stale: [2]uint64{1, 0},
-		Switches: 2, BytesSent: 100, BytesReceived: 200, RTT: 30 * time.Millisecond,
+		Switches: 2, BytesSent: 100, BytesReceived: 200, RTT: 30 * time.Millisecond, Beside: 4,
 	}
 	m.Observe("dragon", start, sum, nil)
 	m.Observe("tw", start, Summary{Fallback: true}, nil)
@@ -35,6 +35,7 @@ func TestMetrics(t *testing.T) {
 	assert.Equal(t, 0.0, testutil.ToFloat64(m.active))
 	assert.Equal(t, 3.0, testutil.ToFloat64(m.tokens))
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.drafts.WithLabelValues("cloud", "rejected")))
+	assert.Equal(t, 4.0, testutil.ToFloat64(m.beside))
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.generations.WithLabelValues("tw", "fallback")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.generations.WithLabelValues("tw", "error")))
 	assert.InDelta(t, 0.03, testutil.ToFloat64(m.rtt), 1e-9)

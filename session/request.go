@@ -99,6 +99,7 @@ type Request struct {
 	Strategy                      aggregator.Strategy
 	Aggregator                    aggregator.Side
 	SwitchEvery                   int
+	BlindDrafts                   bool
 }
 
 // Defaults fill a request's unset fields.
@@ -140,7 +141,7 @@ func ParseSampling(p *dragonv1.SamplingParams, lim Limits, def Defaults) (sampli
 
 // ParseBegin reads and checks a Begin (on the cloud).
 func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
-	r := Request{Query: b.GetQuery(), System: b.GetSystem(), Mode: b.GetMode(), SwitchEvery: int(b.GetSwitchEvery())}
+	r := Request{Query: b.GetQuery(), System: b.GetSystem(), Mode: b.GetMode(), SwitchEvery: int(b.GetSwitchEvery()), BlindDrafts: b.GetBlindDrafts()}
 	var err error
 	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(b.GetSampling(), lim, def); err != nil {
 		return r, err
@@ -171,7 +172,7 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 
 // ParseGenerate reads and checks an app's request (on the device).
 func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Request, error) {
-	r := Request{Query: g.GetPrompt(), System: g.GetSystem(), Mode: g.GetMode(), SwitchEvery: int(g.GetSwitchEvery())}
+	r := Request{Query: g.GetPrompt(), System: g.GetSystem(), Mode: g.GetMode(), SwitchEvery: int(g.GetSwitchEvery()), BlindDrafts: g.GetBlindDrafts()}
 	var err error
 	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(g.GetSampling(), lim, def); err != nil {
 		return r, err
@@ -283,6 +284,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 	o := Options{
 		Self: self, SessionID: id, Owner: self == aggregator.Device, Sampling: r.Sampling, MaxTokens: r.MaxTokens,
 		CodecTopP: r.CodecTopP, Aggregator: r.Aggregator, Strategy: r.Strategy, SwitchEvery: r.SwitchEvery,
+		Blind: r.BlindDrafts,
 	}
 	if r.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC {
 		o.Sync = TokenWise
@@ -302,6 +304,6 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		},
 		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
-		SwitchEvery: uint32(r.SwitchEvery),
+		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts,
 	}
 }

@@ -76,6 +76,10 @@ type Options struct {
 	Prefilled bool
 	// Record keeps a trace of decoding times and acceptance.
 	Record bool
+	// Blind makes greedy drafts ignore the peer's drafts at hand and keeps
+	// the aggregating side's drafts to itself, as DRAGON does (what drafting
+	// beside them is worth is measured against it).
+	Blind bool
 	// Fallback (owner only): when the peer fails (the stream breaks, the
 	// peer errs or sends garbage, or no step is decided for StallTimeout),
 	// finish the answer alone from the tokens already decided.
@@ -163,6 +167,10 @@ type Summary struct {
 	ForwardPasses int
 	LocalAccepted uint64
 	AbortedPasses uint64
+	// Beside counts this side's greedy drafts that took the mixture's
+	// argmax from the peer's draft of the same step instead of its own
+	// (Proposer.ProposeBeside).
+	Beside uint64
 	// RTT is the last round-trip estimate.
 	RTT time.Duration
 	// Fallback: the peer failed after FallbackAt tokens and this side
@@ -233,6 +241,12 @@ type run struct {
 	// flight and any wait, including a burst the core no longer reads.
 	stopProd   context.CancelFunc
 	cancelPass context.CancelFunc
+	// peer are the peer's undecided drafts as the Node holds them
+	// (Node.PeerDrafts) and peerEpoch this side's epoch then; greedy drafts
+	// on the same prefix are made beside them.
+	peer      []aggregator.Draft
+	peerEpoch uint32
+	beside    atomic.Uint64
 }
 
 // padEvery pings is one padded with padBytes, whose extra round-trip time
@@ -252,6 +266,7 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 	node, err := aggregator.New(aggregator.Config{
 		Self: opts.Self, Aggregator: opts.Aggregator, Greedy: opts.Sampling.Greedy(), Seed: opts.Sampling.Seed,
 		MaxSteps: uint64(opts.MaxTokens), IsEnd: func(t int32) bool { return dec.Model().IsEOG(t) },
+		Share: opts.beside(),
 	})
 	if err != nil {
 		return Summary{}, err
@@ -426,7 +441,7 @@ func (r *run) continueAlone(ctx context.Context, cause error) error {
 	if err != nil {
 		return err
 	}
-	choose := r.chooser(prop, func() uint32 { return 0 }, nil)
+	choose := r.chooser(prop, func() uint32 { return 0 }, nil, false)
 	for !r.over {
 		limit := r.opts.MaxTokens - len(r.targets)
 		switch {
@@ -533,6 +548,7 @@ func (r *run) handle(m *dragonv1.PeerMessage) error {
 // apply carries out a Node's actions, then asks the scheduler whether the
 // aggregator should move.
 func (r *run) apply(acts []aggregator.Action) error {
+	r.publishPeerDrafts()
 	decided := false
 	for _, a := range acts {
 		switch a := a.(type) {
@@ -578,6 +594,50 @@ func (r *run) apply(acts []aggregator.Action) error {
 		return r.apply(acts)
 	}
 	return nil
+}
+
+// beside says whether greedy drafts are made beside the peer's: drafts
+// are shared, and a side drafting a step the peer's draft of which it
+// holds drafts the mixture's argmax. Token-wise sync stays the plain
+// baseline.
+func (o *Options) beside() bool {
+	return o.Sampling.Greedy() && !o.Blind && o.Sync == Speculative
+}
+
+// publishPeerDrafts hands the Node's view of the peer's undecided drafts
+// to the producer.
+func (r *run) publishPeerDrafts() {
+	if !r.opts.beside() {
+		return
+	}
+	ds := r.node.PeerDrafts()
+	r.mu.Lock()
+	r.peer, r.peerEpoch = ds, r.node.Epoch(r.opts.Self)
+	r.mu.Unlock()
+}
+
+// peerDraft is the peer's draft of step pos when it was drafted on the
+// same answer as hist (this side's tokens before pos, drafted under epoch),
+// nil otherwise. The Node's chain starts at the first undecided step, and
+// this side's answer before it is the decided one while its epoch is the
+// Node's, so matching the chain's tokens up to pos proves the prefixes
+// equal.
+func (r *run) peerDraft(pos int, hist []engine.Token, epoch uint32) *aggregator.Draft {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.peer) == 0 || epoch != r.peerEpoch || len(hist) != pos {
+		return nil
+	}
+	from := int(r.peer[0].Step())
+	if pos < from || pos >= from+len(r.peer) {
+		return nil
+	}
+	for i, d := range r.peer[:pos-from] {
+		if d.Token() != hist[from+i] {
+			return nil
+		}
+	}
+	return &r.peer[pos-from]
 }
 
 func (r *run) shouldMove() bool {
@@ -707,6 +767,7 @@ func (r *run) fillSummary() {
 	s.ForwardPasses = r.dec.Steps()
 	s.LocalAccepted = r.dec.SpecStats().AcceptedTokens
 	s.AbortedPasses = r.aborted.Load()
+	s.Beside = r.beside.Load()
 	s.RTT = time.Duration(r.est.RTTMS() * float64(time.Millisecond))
 }
 
@@ -729,9 +790,9 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 	var (
 		epoch     uint32
 		paused    bool // drafted the end token: wait for its verdict
-		proposals = map[int]aggregator.Draft{}
+		proposals = map[int]proposal{}
 	)
-	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft) { proposals[pos] = d })
+	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, p proposal) { proposals[pos] = p }, true)
 	for {
 		next := uint64(len(r.dec.Generated()))
 		r.mu.Lock()
@@ -793,7 +854,11 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		}
 		b := burst{drafts: make([]aggregator.Draft, 0, len(toks))}
 		for i, t := range toks {
-			d := proposals[int(next)+i]
+			p := proposals[int(next)+i]
+			if p.moved {
+				r.beside.Add(1)
+			}
+			d := p.draft
 			d.Meta = aggregator.Meta{DecodeMicros: uint32(per.Microseconds()), Context: uint32(longest + int(next) + i)}
 			b.drafts = append(b.drafts, d)
 			if r.model.IsEOG(t) {
@@ -810,22 +875,42 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 	}
 }
 
+// proposal is a draft and whether the peer's draft moved its token.
+type proposal struct {
+	draft aggregator.Draft
+	moved bool
+}
+
 // chooser is how this side decides its token at each position: the draft
-// Proposer makes from the processed mixture, under the current epoch; keep,
-// when not nil, receives each draft.
-func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft)) decoder.Chooser {
+// Proposer makes from the processed mixture, under the current epoch,
+// beside the peer's draft of the position when beside and one is at hand;
+// keep, when not nil, receives each draft.
+func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, p proposal), beside bool) decoder.Chooser {
 	var probs, scores []float32
 	hTilde := r.dec.HTilde()
 	return func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
 		probs, scores = r.process(mix, hist, probs, scores)
-		d, err := prop.Propose(probs, uint64(pos), epoch(), hTilde)
+		e := epoch()
+		var peer *aggregator.Draft
+		if beside {
+			peer = r.peerDraft(pos, hist, e)
+		}
+		var (
+			p   proposal
+			err error
+		)
+		if peer == nil {
+			p.draft, err = prop.Propose(probs, uint64(pos), e, hTilde)
+		} else {
+			p.draft, p.moved, err = prop.ProposeBeside(probs, uint64(pos), e, hTilde, peer)
+		}
 		if err != nil {
 			return 0, err
 		}
 		if keep != nil {
-			keep(pos, d)
+			keep(pos, p)
 		}
-		return d.Token(), nil
+		return p.draft.Token(), nil
 	}
 }
 

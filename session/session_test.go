@@ -50,7 +50,14 @@ var copier = fake.Config{Seed: 3, Vocab: 300, Copy: 5, CopyOrder: 1, CallLatency
 
 func newDecoder(t *testing.T, side aggregator.Side, spec bool) *decoder.Decoder {
 	t.Helper()
+	return newDecoderCalls(t, side, spec, copier.CallLatency)
+}
+
+// newDecoderCalls is newDecoder with each model call taking callLatency.
+func newDecoderCalls(t *testing.T, side aggregator.Side, spec bool, callLatency time.Duration) *decoder.Decoder {
+	t.Helper()
 	cfg := copier
+	cfg.CallLatency = callLatency
 	if side == aggregator.Cloud {
 		cfg.Seed = 4
 	}
@@ -111,6 +118,11 @@ type pairConfig struct {
 	spec        bool
 	latency     func() time.Duration
 	maxTokens   int
+	// deviceCall and cloudCall, when set, are each side's model time per
+	// call.
+	deviceCall, cloudCall time.Duration
+	blind                 bool
+	strategy              aggregator.Strategy
 }
 
 // runPair runs a device and a cloud side against each other and returns
@@ -128,10 +140,17 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 	if c.maxTokens == 0 {
 		c.maxTokens = 40
 	}
+	if c.deviceCall == 0 {
+		c.deviceCall = copier.CallLatency
+	}
+	if c.cloudCall == 0 {
+		c.cloudCall = copier.CallLatency
+	}
 	opts := func(side aggregator.Side) Options {
 		return Options{
 			Self: side, SessionID: 9, Sync: c.sync, Owner: side == aggregator.Device, Sampling: c.sampling,
 			MaxTokens: c.maxTokens, Aggregator: c.first, SwitchEvery: c.switchEvery, PingEvery: 5 * time.Millisecond,
+			Blind: c.blind, Strategy: c.strategy,
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -141,10 +160,10 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, c.spec), query, cloudPassages, cldConn, nil)
+		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoderCalls(t, aggregator.Cloud, c.spec, c.cloudCall), query, cloudPassages, cldConn, nil)
 	}()
 	var emitted []engine.Token
-	dev, err := Run(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, c.spec), query, devicePassages, devConn,
+	dev, err := Run(ctx, opts(aggregator.Device), newDecoderCalls(t, aggregator.Device, c.spec, c.deviceCall), query, devicePassages, devConn,
 		func(step int, tok engine.Token) (bool, error) {
 			require.Equal(t, len(emitted), step)
 			emitted = append(emitted, tok)
@@ -183,6 +202,40 @@ func TestGreedySpeculativeEqualsTokenWise(t *testing.T) {
 			assert.Positive(t, dev.Aggregated[0], name)
 			assert.Positive(t, dev.Aggregated[1], name)
 		}
+	}
+}
+
+// TestGreedyDraftsBesideThePeer: the slower side has the faster side's
+// drafts in hand when it drafts (the follower's through shared drafts), and
+// drafts the mixture's argmax there instead of its own: its drafts are
+// rejected less often than blind ones, and the answer is still the
+// token-wise one.
+func TestGreedyDraftsBesideThePeer(t *testing.T) {
+	tw, _ := runPair(t, pairConfig{sync: TokenWise})
+	slow := 3 * time.Millisecond
+	for _, c := range []pairConfig{
+		{deviceCall: slow},             // the aggregator lags
+		{deviceCall: slow, spec: true}, // with local speculation
+		{cloudCall: slow},              // the follower lags
+	} {
+		c.first, c.strategy = aggregator.Device, aggregator.StaticDevice
+		lagging, sum := aggregator.Device, func(dev, _ Summary) Summary { return dev }
+		if c.cloudCall > 0 {
+			lagging, sum = aggregator.Cloud, func(_, cld Summary) Summary { return cld }
+		}
+		name := fmt.Sprintf("%v lags, spec %v", lagging, c.spec)
+		beside := sum(runPair(t, c))
+		c.blind = true
+		blind := sum(runPair(t, c))
+		assert.Equal(t, tw.Tokens, beside.Tokens, name)
+		assert.Equal(t, tw.Tokens, blind.Tokens, name)
+		assert.Zero(t, beside.Switches, name)
+		assert.Positive(t, beside.Beside, name)
+		assert.Zero(t, blind.Beside, name)
+		i := lagging.Index()
+		assert.Positive(t, blind.Rejected[i], "%s: the sides disagree", name)
+		assert.Less(t, beside.Rejected[i], blind.Rejected[i], name)
+		t.Logf("%s: %d drafts moved, %d rejected; blind %d rejected of %d", name, beside.Beside, beside.Rejected[i], blind.Rejected[i], len(tw.Tokens))
 	}
 }
 

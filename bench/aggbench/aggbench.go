@@ -24,11 +24,12 @@ import (
 
 // Mode is a mode to measure, as the command line names it, with the
 // aggregator placement strategy of dragon mode (0: the daemon's default,
-// greedy).
+// greedy) and whether its drafts ignore the peer's (Blind).
 type Mode struct {
 	Name     string
 	Mode     dragonv1.Mode
 	Strategy dragonv1.Strategy
+	Blind    bool
 }
 
 // Options of a run.
@@ -65,8 +66,9 @@ type Result struct {
 	// dragon runs, decided on the device) whose target was the side's
 	// second most probable token: what a one-token hedge would catch.
 	SecondChoice map[string]float64 `json:"second_choice"`
-	// GreedyIdentical counts (question, latency) pairs where greedy dragon
-	// and greedy tw gave the same tokens, out of GreedyPrompts.
+	// GreedyIdentical counts the greedy answers of speculative-aggregation
+	// modes (dragon, dragon-blind, each strategy) that equal greedy tw's
+	// for the same question and latency, out of GreedyPrompts.
 	GreedyIdentical int      `json:"greedy_identical"`
 	GreedyPrompts   int      `json:"greedy_prompts"`
 	Tokens          float64  `json:"median_tokens"`
@@ -152,16 +154,20 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					rejected[1] += a.summary.GetRejectedCloud()
 					tokens = append(tokens, float64(len(a.tokens)))
 				}
-				o.Log("L=%v %-11s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms", lat, m.Name, qi, len(a.tokens), a.perToken, timing.MS(a.summary.GetTtft().AsDuration()))
+				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d", lat, m.Name, qi, len(a.tokens), a.perToken,
+					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud())
 			}
-			dr, okD := byMode["dragon"]
-			tw, okT := byMode["tw"]
-			if okD && okT {
-				res.GreedyPrompts++
-				if slices.Equal(dr.tokens, tw.tokens) {
-					res.GreedyIdentical++
-				} else {
-					res.Mismatches = append(res.Mismatches, fmt.Sprintf("L=%v q%d: %q", lat, qi, q))
+			if tw, ok := byMode["tw"]; ok {
+				for _, m := range o.Modes {
+					if m.Mode != dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION {
+						continue
+					}
+					res.GreedyPrompts++
+					if slices.Equal(byMode[m.Name].tokens, tw.tokens) {
+						res.GreedyIdentical++
+					} else {
+						res.Mismatches = append(res.Mismatches, fmt.Sprintf("%s L=%v q%d: %q", m.Name, lat, qi, q))
+					}
 				}
 			}
 		}
@@ -232,7 +238,7 @@ func Ask(ctx context.Context, c dragonv1.DeviceServiceClient, req *dragonv1.Gene
 // ask runs one greedy generation and its per-token latency: the device's
 // mean time per token after the first.
 func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, maxTokens int) (answer, error) {
-	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
 	if err != nil {
 		return answer{}, err
 	}

@@ -52,6 +52,7 @@ type Options struct {
 var (
 	latencyModes = []aggbench.Mode{
 		{Name: "dragon", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
+		{Name: "dragon-blind", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Blind: true},
 		{Name: "tw", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC},
 		{Name: "sw", Mode: dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC},
 		{Name: "device-only", Mode: dragonv1.Mode_MODE_DEVICE_ONLY},
@@ -64,7 +65,7 @@ var (
 		{Name: "strategy/cloud", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
 		{Name: "strategy/random", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Strategy: dragonv1.Strategy_STRATEGY_RANDOM},
 	}
-	e1Modes    = []string{"dragon", "tw", "sw", "device-only", "cloud-only"}
+	e1Modes    = []string{"dragon", "dragon-blind", "tw", "sw", "device-only", "cloud-only"}
 	e2Modes    = []string{"dragon", "context", "kv", "device-only"}
 	strategies = []string{"greedy", "device", "cloud", "random"}
 )
@@ -98,7 +99,7 @@ type LatencyResults struct {
 	RealMS     map[string]map[string]float64 `json:"real_ms"`
 	SimMS      map[string]map[string]float64 `json:"sim_ms"`
 	Acceptance map[string]float64            `json:"acceptance"`
-	Identical  [2]int                        `json:"greedy_identical_of"` // greedy dragon = greedy tw, of prompts
+	Identical  [2]int                        `json:"greedy_identical_of"` // greedy speculative-aggregation answers = greedy tw's, of answers
 	Questions  int                           `json:"questions"`
 	Tokens     int                           `json:"tokens"`
 	Passages   int                           `json:"passages"`

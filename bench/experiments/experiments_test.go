@@ -26,7 +26,7 @@ func TestWrite(t *testing.T) {
 	l := &LatencyResults{
 		Meta:       Meta{Machine: "test CPU, 2 cores", Date: "2026-11-23", Command: "dragon bench exp"},
 		LatencyMS:  lat,
-		PerTokenMS: tab([]string{"dragon", "tw", "sw", "device-only", "cloud-only", "context", "kv"}, 30, 60),
+		PerTokenMS: tab([]string{"dragon", "tw", "sw", "device-only", "cloud-only", "context", "kv", "dragon-blind"}, 30, 60),
 		TTFTMS:     tab([]string{"dragon", "context", "kv", "device-only"}, 1000, 1300),
 		RealMS:     tab(strategies, 30, 50), SimMS: tab(strategies, 25, 40),
 		Acceptance: map[string]float64{"device": 0.75, "cloud": 0.9},
@@ -65,6 +65,7 @@ func TestWrite(t *testing.T) {
 	assert.Contains(t, string(md), "dragon / tw = 0.10 (target ≤ 0.5)", "60 against 600 ms at 300 ms")
 	assert.Contains(t, string(md), "dragon / device-only = 0.91 (target ≤ 1.15)", "30 against 33 ms at 0 ms")
 	assert.Contains(t, string(md), "test CPU, 2 cores")
+	assert.Contains(t, string(md), "dragon / dragon-blind: 0.81 at 0 ms; 0.90 at 300 ms;", "30 against 37, 60 against 67 ms")
 	assert.Contains(t, string(md), "dragon TTFT − 2L: 1000 at 0 ms; 700 at 300 ms;", "1300 ms at 300 ms less a 600 ms round trip")
 	assert.Contains(t, string(md), "real: greedy against the best static strategy: -3.2% at 0 ms", "30 against 31 ms")
 	assert.Contains(t, string(md), "## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.")

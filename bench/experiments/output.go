@@ -99,7 +99,14 @@ func report(r Results) string {
 		table("Median time per token after the first", "ms", "L = ", keys, e1Modes, l.PerTokenMS)
 		pr("- At L = %s ms: dragon / tw = %.2f (target ≤ 0.5), dragon / sw = %.2f (target ≤ 0.45).\n", last, ratio(l.PerTokenMS, "dragon", "tw", last), ratio(l.PerTokenMS, "dragon", "sw", last))
 		pr("- At L = %s ms: dragon / device-only = %.2f (target ≤ 1.15).\n", first, ratio(l.PerTokenMS, "dragon", "device-only", first))
-		pr("- Greedy dragon gave the same tokens as greedy tw for %d of %d (question, latency) pairs; draft acceptance in dragon runs: device %.2f, cloud %.2f.\n", l.Identical[0], l.Identical[1], l.Acceptance["device"], l.Acceptance["cloud"])
+		if _, ok := l.PerTokenMS["dragon-blind"]; ok {
+			pr("- dragon-blind is DRAGON's protocol as published: a side never drafts beside the peer's drafts. dragon / dragon-blind:")
+			for _, k := range keys {
+				pr(" %.2f at %s ms;", ratio(l.PerTokenMS, "dragon", "dragon-blind", k), k)
+			}
+			pr(" (greedy: the side that holds the peer's draft of a step drafts the mixture's argmax, DESIGN-NOTES).\n")
+		}
+		pr("- Greedy answers of the speculative-aggregation runs (dragon, dragon-blind and each E3 strategy) equal greedy tw's for %d of %d (answer, latency) pairs; draft acceptance in dragon runs: device %.2f, cloud %.2f.\n", l.Identical[0], l.Identical[1], l.Acceptance["device"], l.Acceptance["cloud"])
 		pr("- sw's time per token runs from the device's first candidate token to the decision (its answer arrives at once). ")
 		pr("Our sw is REPLUG-style rescoring: the two candidates and their per-token scores cross once, a few hundred bytes, so it pays one round trip per answer; ")
 		pr("DRAGON's DRDG/SW sends every token's full distribution after generation (§7.3), the one-time large transfer that makes it grow with latency in their Fig. 6.\n\n")

@@ -13,6 +13,10 @@ import (
 
 func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
 
+// blindMode is dragon mode with Blind drafts, to measure what drafting
+// beside the peer's drafts is worth.
+const blindMode = "dragon-blind"
+
 func newBenchAggCmd() *cobra.Command {
 	var (
 		o                 aggbench.Options
@@ -37,11 +41,16 @@ make model, make index and (optionally) make profile first.`,
 				return fmt.Errorf("--latencies: %w", err)
 			}
 			for _, name := range strings.Split(modes, ",") {
-				m, err := parseModeName(strings.TrimSpace(name))
+				name = strings.TrimSpace(name)
+				blind, base := name == blindMode, name
+				if blind {
+					base = "dragon"
+				}
+				m, err := parseModeName(base)
 				if err != nil {
 					return fmt.Errorf("--modes: %w", err)
 				}
-				o.Modes = append(o.Modes, aggbench.Mode{Name: strings.TrimSpace(name), Mode: m})
+				o.Modes = append(o.Modes, aggbench.Mode{Name: name, Mode: m, Blind: blind})
 			}
 			if questions < 1 || questions > len(promptset.Questions) {
 				return fmt.Errorf("--questions %d: between 1 and %d", questions, len(promptset.Questions))
@@ -67,7 +76,7 @@ make model, make index and (optionally) make profile first.`,
 	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
-	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure")
+	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's)")
 	f.IntVar(&questions, "questions", 8, "questions of the built-in set")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens per answer")
 	f.IntVar(&o.Passages, "passages", 2, "passages per side")

@@ -107,7 +107,11 @@ type GenerateRequest struct {
 	SwitchEvery uint32 `protobuf:"varint,10,opt,name=switch_every,json=switchEvery,proto3" json:"switch_every,omitempty"`
 	// Record each side's decoding times and draft acceptance in the summary
 	// (a trace for `dragon bench sched`).
-	RecordTrace   bool `protobuf:"varint,11,opt,name=record_trace,json=recordTrace,proto3" json:"record_trace,omitempty"`
+	RecordTrace bool `protobuf:"varint,11,opt,name=record_trace,json=recordTrace,proto3" json:"record_trace,omitempty"`
+	// Greedy dragon as DRAGON publishes it: no side drafts the mixture's
+	// argmax beside the peer's drafts it holds, and the aggregator keeps its
+	// own drafts to itself (experiments: what drafting beside is worth).
+	BlindDrafts   bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +219,13 @@ func (x *GenerateRequest) GetSwitchEvery() uint32 {
 func (x *GenerateRequest) GetRecordTrace() bool {
 	if x != nil {
 		return x.RecordTrace
+	}
+	return false
+}
+
+func (x *GenerateRequest) GetBlindDrafts() bool {
+	if x != nil {
+		return x.BlindDrafts
 	}
 	return false
 }
@@ -1052,7 +1063,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb5\x03\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd8\x03\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1067,7 +1078,8 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"aggregator\x12!\n" +
 	"\fswitch_every\x18\n" +
 	" \x01(\rR\vswitchEvery\x12!\n" +
-	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\"\x81\x01\n" +
+	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\x12!\n" +
+	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +

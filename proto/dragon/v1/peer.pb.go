@@ -777,7 +777,10 @@ type Begin struct {
 	// decided steps whatever the scheduler says (tests and experiments).
 	SwitchEvery uint32 `protobuf:"varint,10,opt,name=switch_every,json=switchEvery,proto3" json:"switch_every,omitempty"`
 	// System message of every prompt; empty means the daemon's default.
-	System        string `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
+	System string `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
+	// No drafting beside the peer's drafts, no shared aggregator drafts
+	// (GenerateRequest.blind_drafts).
+	BlindDrafts   bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -887,6 +890,13 @@ func (x *Begin) GetSystem() string {
 		return x.System
 	}
 	return ""
+}
+
+func (x *Begin) GetBlindDrafts() bool {
+	if x != nil {
+		return x.BlindDrafts
+	}
+	return false
 }
 
 // Drafts are drafted tokens of one side, in step order: one, or a burst of
@@ -2019,7 +2029,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xa5\x03\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xc8\x03\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2035,7 +2045,8 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\bstrategy\x18\t \x01(\x0e2\x13.dragon.v1.StrategyR\bstrategy\x12!\n" +
 	"\fswitch_every\x18\n" +
 	" \x01(\rR\vswitchEvery\x12\x16\n" +
-	"\x06system\x18\v \x01(\tR\x06system\"Q\n" +
+	"\x06system\x18\v \x01(\tR\x06system\x12!\n" +
+	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\"Q\n" +
 	"\x06Drafts\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12(\n" +
