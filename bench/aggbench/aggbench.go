@@ -57,6 +57,9 @@ type Result struct {
 	PerTokenMS map[string]map[string]float64 `json:"per_token_ms"`
 	// TTFTMS likewise.
 	TTFTMS map[string]map[string]float64 `json:"ttft_ms"`
+	// PerQuestionMS is each question's time per token, by mode and
+	// latency, in question order: for ratios of modes paired by question.
+	PerQuestionMS map[string]map[string][]float64 `json:"per_question_ms"`
 	// Acceptance is the median acceptance rate of each side's drafts in
 	// dragon runs.
 	Acceptance map[string]float64 `json:"acceptance"`
@@ -120,7 +123,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	defer conn.Close()
 	client := dragonv1.NewDeviceServiceClient(conn)
 
-	res := Result{PerTokenMS: map[string]map[string]float64{}, TTFTMS: map[string]map[string]float64{}, Acceptance: map[string]float64{}, Questions: len(o.Questions)}
+	res := Result{
+		PerTokenMS: map[string]map[string]float64{}, TTFTMS: map[string]map[string]float64{}, PerQuestionMS: map[string]map[string][]float64{},
+		Acceptance: map[string]float64{}, Questions: len(o.Questions),
+	}
 	var accDev, accCloud, switches, tokens []float64
 	var second, rejected [2]uint64
 	for _, lat := range o.LatencyMS {
@@ -175,7 +181,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			if res.PerTokenMS[m.Name] == nil {
 				res.PerTokenMS[m.Name] = map[string]float64{}
 				res.TTFTMS[m.Name] = map[string]float64{}
+				res.PerQuestionMS[m.Name] = map[string][]float64{}
 			}
+			res.PerQuestionMS[m.Name][key] = per[m.Name]
 			res.PerTokenMS[m.Name][key] = timing.Median(per[m.Name])
 			res.TTFTMS[m.Name][key] = timing.Median(ttft[m.Name])
 		}

@@ -99,12 +99,15 @@ type LatencyResults struct {
 	RealMS     map[string]map[string]float64 `json:"real_ms"`
 	SimMS      map[string]map[string]float64 `json:"sim_ms"`
 	Acceptance map[string]float64            `json:"acceptance"`
-	Identical  [2]int                        `json:"greedy_identical_of"` // greedy speculative-aggregation answers = greedy tw's, of answers
-	Questions  int                           `json:"questions"`
-	Tokens     int                           `json:"tokens"`
-	Passages   int                           `json:"passages"`
-	SimRuns    int                           `json:"sim_runs"`
-	SimSteps   int                           `json:"sim_steps"`
+	// PerQuestionMS: each question's time per token by mode (strategies
+	// as strategy/NAME) and latency, for ratios paired by question.
+	PerQuestionMS map[string]map[string][]float64 `json:"per_question_ms,omitempty"`
+	Identical     [2]int                          `json:"greedy_identical_of"` // greedy speculative-aggregation answers = greedy tw's, of answers
+	Questions     int                             `json:"questions"`
+	Tokens        int                             `json:"tokens"`
+	Passages      int                             `json:"passages"`
+	SimRuns       int                             `json:"sim_runs"`
+	SimSteps      int                             `json:"sim_steps"`
 }
 
 // QualityResults are E4.
@@ -178,7 +181,7 @@ func latency(ctx context.Context, o Options) (*LatencyResults, error) {
 	if err != nil {
 		return nil, err
 	}
-	res.PerTokenMS, res.TTFTMS, res.Acceptance = real.PerTokenMS, real.TTFTMS, real.Acceptance
+	res.PerTokenMS, res.TTFTMS, res.Acceptance, res.PerQuestionMS = real.PerTokenMS, real.TTFTMS, real.Acceptance, real.PerQuestionMS
 	res.Identical = [2]int{real.GreedyIdentical, real.GreedyPrompts}
 	res.RealMS = map[string]map[string]float64{"greedy": real.PerTokenMS["dragon"]}
 	for _, m := range strategyModes {

@@ -33,6 +33,12 @@ func TestWrite(t *testing.T) {
 		Questions:  2, Tokens: 8, Passages: 2, SimRuns: 3, SimSteps: 16,
 	}
 	l.PerTokenMS["tw"]["300"] = 600
+	l.PerQuestionMS = map[string]map[string][]float64{
+		"dragon":          {"0": {30, 40, 50}, "300": {60, 60, 60}},
+		"device-only":     {"0": {30, 20, 50}, "300": {30, 30, 30}},
+		"strategy/device": {"0": {25, 40, 40}, "300": {60, 50, 66}},
+		"strategy/cloud":  {"0": {90, 90, 90}, "300": {90, 90, 90}},
+	}
 	dir := t.TempDir()
 	require.NoError(t, Write(dir, Results{Latency: l}))
 
@@ -68,6 +74,8 @@ func TestWrite(t *testing.T) {
 	assert.Contains(t, string(md), "dragon / dragon-blind: 0.81 at 0 ms; 0.90 at 300 ms;", "30 against 37, 60 against 67 ms")
 	assert.Contains(t, string(md), "dragon TTFT − 2L: 1000 at 0 ms; 700 at 300 ms;", "1300 ms at 300 ms less a 600 ms round trip")
 	assert.Contains(t, string(md), "real: greedy against the best static strategy: -3.2% at 0 ms", "30 against 31 ms")
+	assert.Contains(t, string(md), "the median of the per-question ratios is 1.00", "30/30, 40/20, 50/50")
+	assert.Contains(t, string(md), "same question): +20.0% at 0 ms; +0.0% at 300 ms;", "median of 1.2, 1, 1.25 and of 1, 1.2, 0.91")
 	assert.Contains(t, string(md), "## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.")
 
 	// A later quality-only run keeps E1–E3 and adds E4.
