@@ -232,16 +232,13 @@ func (n *Node) Step(ev Event) ([]Action, error) {
 	return nil, fmt.Errorf("aggregator: unknown event %T", ev)
 }
 
-// admit sorts a draft of side into current (true), stale or late (false),
-// or a protocol violation.
+// admit sorts a draft of side, for this Node to decide, into current (true),
+// stale (false) or a protocol violation.
 func (n *Node) admit(side Side, d *Draft) (bool, error) {
 	s := &n.sides[side.Index()]
 	switch {
 	case d.side != side:
 		return false, fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, side)
-	case side != n.cfg.Self && !n.aggregating:
-		s.stats.Late++
-		return false, nil
 	case d.epoch < s.epoch:
 		s.stats.Stale++
 		return false, nil
