@@ -37,6 +37,10 @@ type Meta struct {
 	// Context is the length of the sender's longest sequence when it
 	// decoded the token (the t of c_dec(t), DRAGON §5.2).
 	Context uint32
+	// Moved: the token is the mixture's argmax drafted beside the peer's
+	// draft (ProposeBeside) instead of the side's own argmax, so its
+	// verdict says nothing of the side's own acceptance.
+	Moved bool
 }
 
 // Side is the side that drafted.
@@ -120,32 +124,32 @@ func (p *Proposer) Propose(probs []float32, step uint64, epoch uint32, logMass f
 // target is the argmax of the mixture of the blind distributions, so the
 // answer stays exactly the greedy one. Sampled drafts must be drawn from
 // the side's own distribution (Algorithm 1), so they ignore the peer.
-// moved reports a token other than the side's own argmax.
-func (p *Proposer) ProposeBeside(probs []float32, step uint64, epoch uint32, logMass float64, peer *Draft) (d Draft, moved bool, err error) {
+// Meta.Moved marks a token other than the side's own argmax.
+func (p *Proposer) ProposeBeside(probs []float32, step uint64, epoch uint32, logMass float64, peer *Draft) (Draft, error) {
 	if peer.side != p.side.Other() || peer.step != step {
-		return Draft{}, false, fmt.Errorf("aggregator: %v drafting step %d beside %v", p.side, step, peer)
+		return Draft{}, fmt.Errorf("aggregator: %v drafting step %d beside %v", p.side, step, peer)
 	}
-	d, err = p.Propose(probs, step, epoch, logMass)
+	d, err := p.Propose(probs, step, epoch, logMass)
 	if err != nil || !p.greedy {
-		return d, false, err
+		return d, err
 	}
 	t := p.mixtureArgmax(&d, peer)
 	switch {
 	case t == d.token:
-		return d, false, nil
+		return d, nil
 	case d.dist.Prob(t) > 0:
-		d.token = t
-		return d, true, nil
+		d.token, d.Meta.Moved = t, true
+		return d, nil
 	}
 	payload, err := p.enc.Encode(nil, probs, t, &p.view)
 	if err != nil {
-		return Draft{}, false, fmt.Errorf("aggregator: encode the distribution of step %d with token %d: %w", step, t, err)
+		return Draft{}, fmt.Errorf("aggregator: encode the distribution of step %d with token %d: %w", step, t, err)
 	}
-	kept := Draft{side: p.side, step: step, epoch: epoch, token: t, dist: p.view.Clone(), logMass: logMass, payload: payload}
+	kept := Draft{side: p.side, step: step, epoch: epoch, token: t, dist: p.view.Clone(), logMass: logMass, payload: payload, Meta: Meta{Moved: true}}
 	if kept.dist.Prob(t) <= 0 || p.mixtureArgmax(&kept, peer) != t {
-		return d, false, nil
+		return d, nil
 	}
-	return kept, true, nil
+	return kept, nil
 }
 
 // mixtureArgmax is the target the aggregator decides for a greedy draft d

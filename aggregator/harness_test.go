@@ -193,14 +193,13 @@ func (w *world) draft(i int) {
 		step := uint64(p.n)
 		probs := w.cfg.dist[i].next(p.n, p.last)
 		var (
-			d     Draft
-			moved bool
-			err   error
+			d   Draft
+			err error
 		)
 		if peer := w.peerDraft(i); peer != nil {
 			w.beside++
-			d, moved, err = p.prop.ProposeBeside(probs, step, p.epoch, w.cfg.logMass[i], peer)
-			if moved {
+			d, err = p.prop.ProposeBeside(probs, step, p.epoch, w.cfg.logMass[i], peer)
+			if d.Meta.Moved {
 				w.moved++
 			}
 		} else {

@@ -55,6 +55,9 @@ type Verdict struct {
 	NextEpoch [2]uint32
 	// Expected is Eq. (5)'s acceptance estimate for each side's draft.
 	Expected [2]float64
+	// Moved is each draft's Meta.Moved: an accepted moved draft is a
+	// rejection of the side's own argmax as far as the profiler goes.
+	Moved [2]bool
 }
 
 // Accepted reports whether side's draft was accepted.
@@ -322,6 +325,7 @@ func (n *Node) decide() []Action {
 			st := &n.sides[i]
 			v.Epoch[i] = st.epoch
 			v.Accept[i] = p.draft[i].token == target
+			v.Moved[i] = p.draft[i].Meta.Moved
 			if v.Accept[i] {
 				st.stats.Accepted++
 				st.queue = st.queue[1:]

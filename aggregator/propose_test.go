@@ -7,9 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// decide is the target a greedy aggregator decides from two drafts of step
-// 0, and whether mine was accepted.
-func decide(t *testing.T, mine, peer Draft) (int32, bool) {
+// decide is the verdict a greedy aggregator gives two drafts of step 0.
+func decide(t *testing.T, mine, peer Draft) Verdict {
 	t.Helper()
 	n, err := New(Config{Self: mine.Side(), Aggregator: mine.Side(), Greedy: true})
 	require.NoError(t, err)
@@ -19,11 +18,11 @@ func decide(t *testing.T, mine, peer Draft) (int32, bool) {
 	require.NoError(t, err)
 	for _, a := range acts {
 		if d, ok := a.(Decided); ok {
-			return d.Verdict.Target, d.Verdict.Accepted(mine.Side())
+			return d.Verdict
 		}
 	}
 	t.Fatal("no step decided")
-	return 0, false
+	return Verdict{}
 }
 
 // TestProposeBesideDraftsTheMixtureArgmax: a greedy draft made beside the
@@ -56,9 +55,9 @@ func TestProposeBesideDraftsTheMixtureArgmax(t *testing.T) {
 			require.NoError(t, err)
 			alone, err := mine.Propose(own, 0, 0, 0)
 			require.NoError(t, err)
-			d, moved, err := mine.ProposeBeside(own, 0, 0, 0, &peer)
+			d, err := mine.ProposeBeside(own, 0, 0, 0, &peer)
 			require.NoError(t, err)
-			assert.Equal(t, alone.Token() != d.Token(), moved)
+			assert.Equal(t, alone.Token() != d.Token(), d.Meta.Moved)
 			if c.want < 0 {
 				assert.Equal(t, alone.Token(), d.Token(), "sampled drafts ignore the peer")
 				assert.Equal(t, alone.Payload(), d.Payload())
@@ -71,11 +70,11 @@ func TestProposeBesideDraftsTheMixtureArgmax(t *testing.T) {
 			} else {
 				assert.Equal(t, alone.Payload(), d.Payload(), "the distribution sent is the side's own")
 			}
-			target, accepted := decide(t, d, peer)
-			blindTarget, _ := decide(t, alone, peer)
-			assert.Equal(t, blindTarget, target, "the step's target does not depend on the draft")
-			assert.Equal(t, c.want, target)
-			assert.True(t, accepted)
+			v, blind := decide(t, d, peer), decide(t, alone, peer)
+			assert.Equal(t, blind.Target, v.Target, "the step's target does not depend on the draft")
+			assert.Equal(t, c.want, v.Target)
+			assert.True(t, v.Accepted(c.self))
+			assert.Equal(t, d.Meta.Moved, v.Moved[c.self.Index()], "the verdict tells the profiler")
 		})
 	}
 }
@@ -88,10 +87,10 @@ func TestProposeBesideRefusesAnotherStepsDraft(t *testing.T) {
 	probs := []float32{0.6, 0.4}
 	peer, err := theirs.Propose(probs, 2, 0, 0)
 	require.NoError(t, err)
-	_, _, err = mine.ProposeBeside(probs, 3, 0, 0, &peer)
+	_, err = mine.ProposeBeside(probs, 3, 0, 0, &peer)
 	assert.Error(t, err)
 	own, err := mine.Propose(probs, 2, 0, 0)
 	require.NoError(t, err)
-	_, _, err = mine.ProposeBeside(probs, 2, 0, 0, &own)
+	_, err = mine.ProposeBeside(probs, 2, 0, 0, &own)
 	assert.Error(t, err, "a side's own draft is no peer draft")
 }

@@ -233,11 +233,14 @@ func (e *Estimator) Bandwidth(bytes, ms float64) {
 // Message records the size of a draft or verdict message sent.
 func (e *Estimator) Message(bytes int) { e.msgBytes.Add(float64(bytes)) }
 
-// Verdict records one decided step.
+// Verdict records one decided step. A moved draft (Meta.Moved) counts as
+// a rejection: the acceptance the scheduler weighs is that of each side's
+// own argmax, which a side drafts wherever the peer's draft is not at hand
+// (always, after the aggregator moves away from it).
 func (e *Estimator) Verdict(v aggregator.Verdict) {
 	for i := range e.accept {
 		a := 0.0
-		if v.Accept[i] {
+		if v.Accept[i] && !v.Moved[i] {
 			a = 1
 		}
 		e.accept[i].Add(a)

@@ -88,6 +88,15 @@ func TestEstimatorCosts(t *testing.T) {
 	assert.InDelta(t, 0.4, exp, 1e-9)
 	assert.NotEqual(t, obs, exp)
 
+	// Accepted drafts moved beside the peer's are rejections of the side's
+	// own argmax.
+	mv := NewEstimator(Config{}, dev, dev)
+	for i := range 10 {
+		mv.Verdict(aggregator.Verdict{Accept: [2]bool{true, true}, Moved: [2]bool{i%2 == 0, false}})
+	}
+	assert.InDelta(t, 0.5, mv.Costs().Accept[0], 0.2)
+	assert.InDelta(t, 1, mv.Costs().Accept[1], 1e-9)
+
 	ex := NewEstimator(Config{Expected: true}, dev, dev)
 	ex.Verdict(aggregator.Verdict{Accept: [2]bool{true, false}, Expected: [2]float64{0.7, 0.3}})
 	assert.Equal(t, [2]float64{0.7, 0.3}, ex.Costs().Accept)

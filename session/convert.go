@@ -33,7 +33,7 @@ func toDraft(d *aggregator.Draft) *dragonv1.Draft {
 	return &dragonv1.Draft{
 		Step: d.Step(), Epoch: d.Epoch(), Token: d.Token(), Distribution: d.Payload(),
 		LogRelevanceMass: d.LogMass(), DecodeTimeUs: d.Meta.DecodeMicros, Side: toSide(d.Side()),
-		Context: d.Meta.Context,
+		Context: d.Meta.Context, Moved: d.Meta.Moved,
 	}
 }
 
@@ -54,7 +54,7 @@ func fromDrafts(dec *codec.Decoder, ps []*dragonv1.Draft) ([]aggregator.Draft, e
 		}
 		d, err := aggregator.DecodeDraft(dec, aggregator.WireDraft{
 			Side: side, Step: p.GetStep(), Epoch: p.GetEpoch(), Token: p.GetToken(), Payload: p.GetDistribution(),
-			LogMass: p.GetLogRelevanceMass(), Meta: aggregator.Meta{DecodeMicros: p.GetDecodeTimeUs(), Context: p.GetContext()},
+			LogMass: p.GetLogRelevanceMass(), Meta: aggregator.Meta{DecodeMicros: p.GetDecodeTimeUs(), Context: p.GetContext(), Moved: p.GetMoved()},
 		})
 		if err != nil {
 			return nil, err
@@ -71,6 +71,7 @@ func toVerdict(v aggregator.Verdict) *dragonv1.Verdict {
 		EpochDevice: v.Epoch[0], EpochCloud: v.Epoch[1],
 		NextEpochDevice: v.NextEpoch[0], NextEpochCloud: v.NextEpoch[1],
 		ExpectedDevice: v.Expected[0], ExpectedCloud: v.Expected[1],
+		MovedDevice: v.Moved[0], MovedCloud: v.Moved[1],
 	}
 }
 
@@ -81,6 +82,7 @@ func fromVerdict(p *dragonv1.Verdict) aggregator.Verdict {
 		Epoch:     [2]uint32{p.GetEpochDevice(), p.GetEpochCloud()},
 		NextEpoch: [2]uint32{p.GetNextEpochDevice(), p.GetNextEpochCloud()},
 		Expected:  [2]float64{p.GetExpectedDevice(), p.GetExpectedCloud()},
+		Moved:     [2]bool{p.GetMovedDevice(), p.GetMovedCloud()},
 	}
 }
 

@@ -790,9 +790,9 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 	var (
 		epoch     uint32
 		paused    bool // drafted the end token: wait for its verdict
-		proposals = map[int]proposal{}
+		proposals = map[int]aggregator.Draft{}
 	)
-	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, p proposal) { proposals[pos] = p }, true)
+	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft) { proposals[pos] = d }, true)
 	for {
 		next := uint64(len(r.dec.Generated()))
 		r.mu.Lock()
@@ -854,12 +854,11 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		}
 		b := burst{drafts: make([]aggregator.Draft, 0, len(toks))}
 		for i, t := range toks {
-			p := proposals[int(next)+i]
-			if p.moved {
+			d := proposals[int(next)+i]
+			if d.Meta.Moved {
 				r.beside.Add(1)
 			}
-			d := p.draft
-			d.Meta = aggregator.Meta{DecodeMicros: uint32(per.Microseconds()), Context: uint32(longest + int(next) + i)}
+			d.Meta.DecodeMicros, d.Meta.Context = uint32(per.Microseconds()), uint32(longest+int(next)+i)
 			b.drafts = append(b.drafts, d)
 			if r.model.IsEOG(t) {
 				paused = true
@@ -875,17 +874,11 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 	}
 }
 
-// proposal is a draft and whether the peer's draft moved its token.
-type proposal struct {
-	draft aggregator.Draft
-	moved bool
-}
-
 // chooser is how this side decides its token at each position: the draft
 // Proposer makes from the processed mixture, under the current epoch,
 // beside the peer's draft of the position when beside and one is at hand;
 // keep, when not nil, receives each draft.
-func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, p proposal), beside bool) decoder.Chooser {
+func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft), beside bool) decoder.Chooser {
 	var probs, scores []float32
 	hTilde := r.dec.HTilde()
 	return func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
@@ -896,21 +889,21 @@ func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(
 			peer = r.peerDraft(pos, hist, e)
 		}
 		var (
-			p   proposal
+			d   aggregator.Draft
 			err error
 		)
 		if peer == nil {
-			p.draft, err = prop.Propose(probs, uint64(pos), e, hTilde)
+			d, err = prop.Propose(probs, uint64(pos), e, hTilde)
 		} else {
-			p.draft, p.moved, err = prop.ProposeBeside(probs, uint64(pos), e, hTilde, peer)
+			d, err = prop.ProposeBeside(probs, uint64(pos), e, hTilde, peer)
 		}
 		if err != nil {
 			return 0, err
 		}
 		if keep != nil {
-			keep(pos, p)
+			keep(pos, d)
 		}
-		return p.draft.Token(), nil
+		return d.Token(), nil
 	}
 }
 

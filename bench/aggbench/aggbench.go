@@ -160,8 +160,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					rejected[1] += a.summary.GetRejectedCloud()
 					tokens = append(tokens, float64(len(a.tokens)))
 				}
-				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d", lat, m.Name, qi, len(a.tokens), a.perToken,
-					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud())
+				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d  moves %d", lat, m.Name, qi, len(a.tokens), a.perToken,
+					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud(), a.summary.GetAggregatorSwitches())
 			}
 			if tw, ok := byMode["tw"]; ok {
 				for _, m := range o.Modes {

@@ -974,7 +974,12 @@ type Draft struct {
 	DecodeTimeUs uint32 `protobuf:"varint,7,opt,name=decode_time_us,json=decodeTimeUs,proto3" json:"decode_time_us,omitempty"`
 	Side         Side   `protobuf:"varint,8,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
 	// Context length of the sender's longest sequence at this step.
-	Context       uint32 `protobuf:"varint,9,opt,name=context,proto3" json:"context,omitempty"`
+	Context uint32 `protobuf:"varint,9,opt,name=context,proto3" json:"context,omitempty"`
+	// The token is the mixture's argmax, drafted beside the receiver's draft
+	// of the step instead of the sender's own argmax (greedy). For the
+	// profiler: such a draft tells nothing of how often the sender's own
+	// drafts are accepted.
+	Moved         bool `protobuf:"varint,10,opt,name=moved,proto3" json:"moved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1065,6 +1070,13 @@ func (x *Draft) GetContext() uint32 {
 	return 0
 }
 
+func (x *Draft) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
 // Verdicts are decided steps, in step order, broadcast by the aggregator.
 type Verdicts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1137,8 +1149,11 @@ type Verdict struct {
 	// Eq. (5)'s acceptance estimate of each side's draft, for the profiler.
 	ExpectedDevice float64 `protobuf:"fixed64,10,opt,name=expected_device,json=expectedDevice,proto3" json:"expected_device,omitempty"`
 	ExpectedCloud  float64 `protobuf:"fixed64,11,opt,name=expected_cloud,json=expectedCloud,proto3" json:"expected_cloud,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Whether each side's draft was moved (Draft.moved), for the profiler.
+	MovedDevice   bool `protobuf:"varint,12,opt,name=moved_device,json=movedDevice,proto3" json:"moved_device,omitempty"`
+	MovedCloud    bool `protobuf:"varint,13,opt,name=moved_cloud,json=movedCloud,proto3" json:"moved_cloud,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Verdict) Reset() {
@@ -1239,6 +1254,20 @@ func (x *Verdict) GetExpectedCloud() float64 {
 		return x.ExpectedCloud
 	}
 	return 0
+}
+
+func (x *Verdict) GetMovedDevice() bool {
+	if x != nil {
+		return x.MovedDevice
+	}
+	return false
+}
+
+func (x *Verdict) GetMovedCloud() bool {
+	if x != nil {
+		return x.MovedCloud
+	}
+	return false
 }
 
 // Handover moves the aggregator to the receiver between two steps; with
@@ -2050,7 +2079,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x06Drafts\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12(\n" +
-	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\"\xfe\x01\n" +
+	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\"\x94\x02\n" +
 	"\x05Draft\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\rR\x05epoch\x12\x14\n" +
@@ -2059,11 +2088,13 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x12log_relevance_mass\x18\x06 \x01(\x01R\x10logRelevanceMass\x12$\n" +
 	"\x0edecode_time_us\x18\a \x01(\rR\fdecodeTimeUs\x12#\n" +
 	"\x04side\x18\b \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x12\x18\n" +
-	"\acontext\x18\t \x01(\rR\acontext\"Y\n" +
+	"\acontext\x18\t \x01(\rR\acontext\x12\x14\n" +
+	"\x05moved\x18\n" +
+	" \x01(\bR\x05moved\"Y\n" +
 	"\bVerdicts\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12.\n" +
-	"\bverdicts\x18\x02 \x03(\v2\x12.dragon.v1.VerdictR\bverdicts\"\xf2\x02\n" +
+	"\bverdicts\x18\x02 \x03(\v2\x12.dragon.v1.VerdictR\bverdicts\"\xb6\x03\n" +
 	"\aVerdict\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12!\n" +
 	"\ftarget_token\x18\x03 \x01(\x05R\vtargetToken\x12#\n" +
@@ -2076,7 +2107,10 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x10next_epoch_cloud\x18\t \x01(\rR\x0enextEpochCloud\x12'\n" +
 	"\x0fexpected_device\x18\n" +
 	" \x01(\x01R\x0eexpectedDevice\x12%\n" +
-	"\x0eexpected_cloud\x18\v \x01(\x01R\rexpectedCloud\"\xb2\x01\n" +
+	"\x0eexpected_cloud\x18\v \x01(\x01R\rexpectedCloud\x12!\n" +
+	"\fmoved_device\x18\f \x01(\bR\vmovedDevice\x12\x1f\n" +
+	"\vmoved_cloud\x18\r \x01(\bR\n" +
+	"movedCloud\"\xb2\x01\n" +
 	"\bHandover\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x1b\n" +
