@@ -75,7 +75,7 @@ func TestWrite(t *testing.T) {
 	assert.Contains(t, string(md), "dragon TTFT − 2L: 1000 at 0 ms; 700 at 300 ms;", "1300 ms at 300 ms less a 600 ms round trip")
 	assert.Contains(t, string(md), "real: greedy against the best static strategy: -3.2% at 0 ms", "30 against 31 ms")
 	assert.Contains(t, string(md), "the median of the per-question ratios is 1.00", "30/30, 40/20, 50/50")
-	assert.Contains(t, string(md), "same question): +20.0% at 0 ms; +0.0% at 300 ms;", "median of 1.2, 1, 1.25 and of 1, 1.2, 0.91")
+	assert.Contains(t, string(md), "same question): +20.0% at 0 ms; +0.0% at 300 ms; greedy / random:", "median of 1.2, 1, 1.25 and of 1, 1.2, 0.91")
 	assert.Contains(t, string(md), "## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.")
 
 	// A later quality-only run keeps E1–E3 and adds E4.

@@ -147,16 +147,17 @@ func report(r Results) string {
 			}
 			pr(" (target within 2%%)")
 			if src.name == "real" && l.PerQuestionMS != nil {
-				pr("; paired by question (median of greedy / the best static strategy's time on the same question):")
+				var items []string
 				for _, k := range keys {
 					best := "strategy/device"
 					if l.RealMS["cloud"][k] < l.RealMS["device"][k] {
 						best = "strategy/cloud"
 					}
 					if p, ok := l.paired("dragon", best, k); ok {
-						pr(" %+.1f%% at %s ms;", 100*(p-1), k)
+						items = append(items, fmt.Sprintf("%+.1f%% at %s ms", 100*(p-1), k))
 					}
 				}
+				pr("; paired by question (median of greedy / the best static strategy's time on the same question): %s", strings.Join(items, "; "))
 			}
 			pr("; greedy / random:")
 			for _, k := range keys {
@@ -164,7 +165,9 @@ func report(r Results) string {
 			}
 			pr(" (target < 1 from 100 ms).\n")
 		}
-		pr("\n")
+		pr("- Where greedy keeps the aggregator on the device, greedy and device differ only by chance: a cloud rejection costs about a round trip, 2L, ")
+		pr("so one more or fewer in a %d-token answer moves its time per token by 2L/%d (%.0f ms at %s ms), and whether a cloud draft is made beside the device's depends on timing.\n\n",
+			l.Tokens, l.Tokens, 2*l.LatencyMS[len(l.LatencyMS)-1]/float64(max(l.Tokens, 1)), last)
 	} else {
 		pr("## E1–E3: latency\n\nNot measured yet.\n\n")
 	}
