@@ -204,6 +204,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 		return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
 	}
 	dec.SetSystem(req.System)
+	dec.SetHistory(req.History)
 	log.Debug("cloud session", "passages", len(passages))
 	var sum session.Summary
 	switch req.Mode {

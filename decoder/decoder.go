@@ -20,6 +20,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/internal/vecmath"
+	"github.com/dragon-rag/dragon/kvcache"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -105,6 +106,10 @@ type Options struct {
 	// is on. The decoder updates the table: decoders that run at the same
 	// time need tables of their own.
 	VerifyTable *specdec.VerifyTable
+	// Cache, when set, keeps the KV state of prompt prefixes: a sequence
+	// whose prompt shares a prefix with a cached one restores it and
+	// prefills only the rest (see prefix.go). Decoders may share one.
+	Cache *kvcache.Cache
 }
 
 // DefaultSystem asks the model to answer from the passage.
@@ -137,6 +142,8 @@ type Decoder struct {
 
 	// system overrides opts.System when not empty.
 	system string
+	// history is the conversation before the query (SetHistory).
+	history []engine.Message
 
 	// The current generation.
 	mode     Mode
@@ -163,6 +170,15 @@ type Decoder struct {
 	// shadow learns the acceptance of drafts the cost model left
 	// unverified, from what plain decoding then emits.
 	shadow specdec.Shadow
+	// own is how many of prompts are this decoder's (not imported);
+	// restored how many of them began from a cached prefix.
+	own      int
+	restored int
+	// header caches templateStart for one system message.
+	header struct {
+		system string
+		n      int
+	}
 }
 
 // New creates a decoder and its engine context.
@@ -307,6 +323,7 @@ func (d *Decoder) BeginRaw(ctx context.Context, prompts []string, scores []float
 // begin tokenizes texts and prefills one sequence per text, then loads the
 // imported sequences after them.
 func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported, scores []float64, hTilde float64, calib func(int, [][]engine.TokenLogit) error) error {
+	resident := d.resident()
 	d.prompts = d.prompts[:0]
 	for _, text := range texts {
 		toks, err := d.model.Tokenize(text, true, true)
@@ -332,12 +349,20 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.w, _ = weights(scores)
 	d.hTilde = hTilde
 	d.gen = d.gen[:0]
+	d.own, d.restored = own, 0
+	d.held = make([]int, len(d.prompts))
+	cached := d.cacheable(calib != nil)
 	for s := range d.opts.MaxPassages * d.branches {
+		if cached && s < own {
+			if err := d.reuse(s, resident); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := d.ectx.Truncate(s, 0); err != nil {
 			return err
 		}
 	}
-	d.held = make([]int, len(d.prompts))
 	for i, im := range imported {
 		s := own + i
 		if err := d.ectx.SetSeqState(s, im.State, len(im.Prompt)); err != nil {
@@ -347,7 +372,14 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	}
 	d.nextValid = false
 	d.stats = specdec.Stats{}
-	return d.forward(ctx, nil, false, calib)
+	before := append([]int(nil), d.held...)
+	if err := d.forward(ctx, nil, false, calib); err != nil {
+		return err
+	}
+	if cached {
+		d.keepPrompts(before)
+	}
+	return nil
 }
 
 // SeqState is the KV state of sequence i of the current generation, for
@@ -374,29 +406,19 @@ func (d *Decoder) promptTexts(query string) ([]string, []float64) {
 	if d.system != "" {
 		system = d.system
 	}
-	render := func(user string) string {
-		text, err := d.model.ChatPrompt([]engine.Message{
-			{Role: engine.RoleSystem, Content: system},
-			{Role: engine.RoleUser, Content: user},
-		}, true)
-		if err != nil { // models without a template get plain text
-			return system + "\n\n" + user + "\n\nAnswer: "
-		}
-		return text
-	}
 	switch {
 	case len(d.passages) == 0:
-		return []string{render("Question: " + query)}, []float64{0}
+		return []string{d.renderChat(system, "", query)}, []float64{0}
 	case d.mode == ContextAggregation:
-		user := ""
+		passages := ""
 		for i, p := range d.passages {
-			user += fmt.Sprintf("Passage %d:\n%s\n\n", i+1, p.Text)
+			passages += fmt.Sprintf("Passage %d:\n%s\n\n", i+1, p.Text)
 		}
-		return []string{render(user + "Question: " + query)}, []float64{0}
+		return []string{d.renderChat(system, passages, query)}, []float64{0}
 	}
 	texts := make([]string, len(d.passages))
 	for i, p := range d.passages {
-		texts[i] = render("Passage:\n" + p.Text + "\n\nQuestion: " + query)
+		texts[i] = d.renderChat(system, "Passage:\n"+p.Text+"\n\n", query)
 	}
 	return texts, passageScores(d.passages)
 }

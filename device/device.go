@@ -100,6 +100,7 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	opts.Log, opts.Record, opts.Metrics = log, g.GetRecordTrace(), s.cfg.Metrics
 	defer s.cfg.Metrics.Begin()()
 	s.dec.SetSystem(req.System)
+	s.dec.SetHistory(req.History)
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 

@@ -198,10 +198,12 @@ type options struct {
 
 type chatRequest struct {
 	options
-	Messages []struct {
-		Role    string  `json:"role"`
-		Content content `json:"content"`
-	} `json:"messages"`
+	Messages []chatMessage `json:"messages"`
+}
+
+type chatMessage struct {
+	Role    string  `json:"role"`
+	Content content `json:"content"`
 }
 
 type completionRequest struct {
@@ -331,30 +333,50 @@ func (o *OpenAI) chat(w http.ResponseWriter, r *http.Request) {
 		o.fail(w, err)
 		return
 	}
-	var system []string
-	prompt := ""
-	for i, m := range req.Messages {
-		switch m.Role {
-		case "system", "developer":
-			system = append(system, string(m.Content))
-		case "user":
-			prompt = string(m.Content)
-		case "assistant", "tool":
-		default:
-			o.fail(w, bad("messages[%d]: unknown role %q", i, m.Role))
-			return
-		}
-	}
-	if prompt == "" {
-		o.fail(w, bad("messages: no user message with content"))
-		return
-	}
-	g, err := o.request(req.options, prompt, strings.Join(system, "\n"))
+	prompt, system, history, err := conversation(req.Messages)
 	if err != nil {
 		o.fail(w, err)
 		return
 	}
+	g, err := o.request(req.options, prompt, system)
+	if err != nil {
+		o.fail(w, err)
+		return
+	}
+	g.History = history
 	o.run(w, r, req.options, g, "chat.completion")
+}
+
+// conversation splits a chat: the last user message is the prompt, the
+// user and assistant messages before it the history (so that both sides
+// lay out the conversation as it went), system and developer messages the
+// system prompt. Tool messages are dropped: this server calls no tools.
+func conversation(msgs []chatMessage) (prompt, system string, history []*dragonv1.ChatTurn, err error) {
+	last := -1
+	var sys []string
+	for i, m := range msgs {
+		switch m.Role {
+		case "system", "developer":
+			sys = append(sys, string(m.Content))
+		case "user":
+			last = i
+		case "assistant", "tool":
+		default:
+			return "", "", nil, bad("messages[%d]: unknown role %q", i, m.Role)
+		}
+	}
+	if last < 0 || msgs[last].Content == "" {
+		return "", "", nil, bad("messages: no user message with content")
+	}
+	for _, m := range msgs[:last] {
+		switch m.Role {
+		case "user":
+			history = append(history, &dragonv1.ChatTurn{Role: dragonv1.ChatRole_CHAT_ROLE_USER, Content: string(m.Content)})
+		case "assistant":
+			history = append(history, &dragonv1.ChatTurn{Role: dragonv1.ChatRole_CHAT_ROLE_ASSISTANT, Content: string(m.Content)})
+		}
+	}
+	return string(msgs[last].Content), strings.Join(sys, "\n"), history, nil
 }
 
 func (o *OpenAI) completions(w http.ResponseWriter, r *http.Request) {
@@ -409,16 +431,6 @@ func finishName(f dragonv1.FinishReason) string {
 	return "stop"
 }
 
-// extra is what a response tells beyond the API: how DRAGON answered.
-func extra(s *dragonv1.GenerateSummary) map[string]any {
-	return map[string]any{
-		"mode": session.ModeName(s.GetMode()), "ttft_ms": float64(s.GetTtft().AsDuration()) / 1e6,
-		"per_token_ms": float64(s.GetTokenLatencyMean().AsDuration()) / 1e6, "fallback": s.GetFallback(),
-		"acceptance_device": s.GetAcceptanceRateDevice(), "acceptance_cloud": s.GetAcceptanceRateCloud(),
-		"aggregator_switches": s.GetAggregatorSwitches(),
-	}
-}
-
 // run generates and answers, as one JSON object or as server-sent events.
 func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dragonv1.GenerateRequest, object string) {
 	id := fmt.Sprintf("dragon-%x", rand.Uint64())
@@ -446,7 +458,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 		}
 		writeJSON(w, map[string]any{
 			"id": id, "object": object, "created": created, "model": o.model,
-			"choices": []any{choice}, "usage": o.usage(g, int(sum.GetTokens())), "dragon": extra(sum),
+			"choices": []any{choice}, "usage": o.usage(g, int(sum.GetTokens())), "dragon": NewSummaryJSON(sum),
 		})
 		return
 	}
@@ -519,7 +531,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 	if chat {
 		last["delta"] = map[string]any{}
 	}
-	_ = event(last, map[string]any{"dragon": extra(sum)})
+	_ = event(last, map[string]any{"dragon": NewSummaryJSON(sum)})
 	if opts.StreamOptions != nil && opts.StreamOptions.IncludeUsage {
 		_ = event(nil, map[string]any{"usage": o.usage(g, int(sum.GetTokens()))})
 	}

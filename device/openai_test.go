@@ -242,3 +242,82 @@ func TestOpenAIPythonClient(t *testing.T) {
 	assert.EqualValues(t, 404, got.UnknownModel)
 	assert.EqualValues(t, 400, got.BadTemperature)
 }
+
+// TestOpenAIChatConversation: the last user message is the prompt, the
+// user and assistant messages before it the history in order, system and
+// developer messages the system prompt; tool messages and what follows
+// the last user message are dropped.
+func TestOpenAIChatConversation(t *testing.T) {
+	user, assistant := dragonv1.ChatRole_CHAT_ROLE_USER, dragonv1.ChatRole_CHAT_ROLE_ASSISTANT
+	cases := []struct {
+		name     string
+		msgs     []chatMessage
+		prompt   string
+		system   string
+		history  []*dragonv1.ChatTurn
+		errorHas string
+	}{
+		{name: "one question", msgs: []chatMessage{{"user", "Who?"}}, prompt: "Who?"},
+		{
+			name:    "second turn",
+			msgs:    []chatMessage{{"system", "Be brief."}, {"user", "Who lit the lamp?"}, {"assistant", "The keeper."}, {"user", "When?"}},
+			prompt:  "When?",
+			system:  "Be brief.",
+			history: []*dragonv1.ChatTurn{{Role: user, Content: "Who lit the lamp?"}, {Role: assistant, Content: "The keeper."}},
+		},
+		{
+			name: "tools, late system, trailing assistant",
+			msgs: []chatMessage{{"developer", "Be brief."}, {"user", "a"}, {"assistant", ""}, {"tool", "42"}, {"assistant", "b"},
+				{"system", "Cite."}, {"user", "c"}, {"assistant", "prefill"}},
+			prompt: "c",
+			system: "Be brief.\nCite.",
+			history: []*dragonv1.ChatTurn{{Role: user, Content: "a"}, {Role: assistant, Content: ""},
+				{Role: assistant, Content: "b"}},
+		},
+		{name: "unknown role", msgs: []chatMessage{{"wizard", "hi"}, {"user", "a"}}, errorHas: "messages[0]: unknown role"},
+		{name: "no user", msgs: []chatMessage{{"system", "s"}}, errorHas: "no user message"},
+		{name: "last user empty", msgs: []chatMessage{{"user", "a"}, {"assistant", "b"}, {"user", ""}}, errorHas: "no user message"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			prompt, system, history, err := conversation(tc.msgs)
+			if tc.errorHas != "" {
+				var br badRequest
+				require.ErrorAs(t, err, &br)
+				assert.Contains(t, br.msg, tc.errorHas)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.prompt, prompt)
+			assert.Equal(t, tc.system, system)
+			require.Len(t, history, len(tc.history))
+			for i, h := range tc.history {
+				assert.Equal(t, h.GetRole(), history[i].GetRole(), "turn %d", i)
+				assert.Equal(t, h.GetContent(), history[i].GetContent(), "turn %d", i)
+			}
+		})
+	}
+}
+
+// TestOpenAIChatHistoryReachesPrompt: a second turn sent through the API
+// is laid out as a conversation in the decoder's prompt, the earlier
+// question and answer before the new question.
+func TestOpenAIChatHistoryReachesPrompt(t *testing.T) {
+	hs, srv := apiServer(t)
+	c := client(hs, "sk-test")
+	_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+		Model: testModel, MaxTokens: openai.Int(2),
+		Messages: []openai.ChatCompletionMessageParamUnion{
+			openai.SystemMessage("Be brief."), openai.UserMessage("Who lit the lamp?"),
+			openai.AssistantMessage("The keeper."), openai.UserMessage("When?"),
+		},
+	})
+	require.NoError(t, err)
+	var prompt strings.Builder
+	for _, tok := range srv.dec.Prompt(0) {
+		prompt.Write(srv.cfg.Model.Piece(tok))
+	}
+	assert.Contains(t, prompt.String(), "<|im_start|>system\nBe brief.<|im_end|>\n"+
+		"<|im_start|>user\nQuestion: Who lit the lamp?<|im_end|>\n<|im_start|>assistant\nThe keeper.<|im_end|>\n"+
+		"<|im_start|>user\nQuestion: When?<|im_end|>\n<|im_start|>assistant\n")
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/sampling"
@@ -87,8 +88,11 @@ type Limits struct {
 
 // Request is a generation request as both sides read it from the wire.
 type Request struct {
-	Query     string
-	System    string
+	Query  string
+	System string
+	// History is the conversation before Query (user and assistant turns,
+	// oldest first).
+	History   []engine.Message
 	Sampling  sampling.Params
 	MaxTokens int
 	Stop      []string
@@ -149,6 +153,9 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if err := checkPrompt(r.Query, "query", lim); err != nil {
 		return r, err
 	}
+	if r.History, err = parseHistory(b.GetHistory(), r.Query, lim); err != nil {
+		return r, err
+	}
 	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		r.Mode = dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION
 	}
@@ -178,6 +185,9 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 		return r, err
 	}
 	if err := checkPrompt(r.Query, "prompt", lim); err != nil {
+		return r, err
+	}
+	if r.History, err = parseHistory(g.GetHistory(), r.Query, lim); err != nil {
 		return r, err
 	}
 	if lim.MaxPrompt > 0 && len(r.System) > lim.MaxPrompt {
@@ -212,6 +222,49 @@ func checkPrompt(s, field string, lim Limits) error {
 		return wire.InvalidArgument(field, fmt.Sprintf("%d bytes, more than the limit of %d", len(s), lim.MaxPrompt))
 	}
 	return nil
+}
+
+// parseHistory reads a conversation's earlier turns. An answer may be empty
+// (the model may have ended it at once), a question may not. The turns and
+// the query are all prompt: together they stay within lim.MaxPrompt.
+func parseHistory(turns []*dragonv1.ChatTurn, query string, lim Limits) ([]engine.Message, error) {
+	if len(turns) == 0 {
+		return nil, nil
+	}
+	h := make([]engine.Message, len(turns))
+	size := len(query)
+	for i, t := range turns {
+		switch t.GetRole() {
+		case dragonv1.ChatRole_CHAT_ROLE_USER:
+			if t.GetContent() == "" {
+				return nil, wire.InvalidArgument(fmt.Sprintf("history[%d].content", i), "empty question")
+			}
+			h[i].Role = engine.RoleUser
+		case dragonv1.ChatRole_CHAT_ROLE_ASSISTANT:
+			h[i].Role = engine.RoleAssistant
+		default:
+			return nil, wire.InvalidArgument(fmt.Sprintf("history[%d].role", i), fmt.Sprintf("%v: want user or assistant", t.GetRole()))
+		}
+		h[i].Content = t.GetContent()
+		size += len(t.GetContent())
+	}
+	if lim.MaxPrompt > 0 && size > lim.MaxPrompt {
+		return nil, wire.InvalidArgument("history", fmt.Sprintf("%d bytes with the prompt, more than the limit of %d", size, lim.MaxPrompt))
+	}
+	return h, nil
+}
+
+// historyToProto is the wire form of a conversation's earlier turns.
+func historyToProto(h []engine.Message) []*dragonv1.ChatTurn {
+	var turns []*dragonv1.ChatTurn
+	for _, m := range h {
+		role := dragonv1.ChatRole_CHAT_ROLE_USER
+		if m.Role == engine.RoleAssistant {
+			role = dragonv1.ChatRole_CHAT_ROLE_ASSISTANT
+		}
+		turns = append(turns, &dragonv1.ChatTurn{Role: role, Content: m.Content})
+	}
+	return turns
 }
 
 func passages(dev, cld uint32, lim Limits, def Defaults) (int, int, error) {
@@ -296,7 +349,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 func (r Request) Begin(id uint64) *dragonv1.Begin {
 	stop := r.Stop
 	return &dragonv1.Begin{
-		SessionId: id, Query: r.Query, System: r.System, Mode: r.Mode,
+		SessionId: id, Query: r.Query, System: r.System, History: historyToProto(r.History), Mode: r.Mode,
 		Sampling: &dragonv1.SamplingParams{
 			Temperature: float32(r.Sampling.Temperature), TopK: uint32(r.Sampling.TopK), TopP: float32(r.Sampling.TopP),
 			MinP: float32(r.Sampling.MinP), RepetitionPenalty: float32(r.Sampling.RepeatPenalty), Seed: r.Sampling.Seed,

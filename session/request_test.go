@@ -1,12 +1,17 @@
 package session
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/engine"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
 
@@ -36,5 +41,74 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 			assert.Equal(t, g.GetMode() == dragonv1.Mode_MODE_TOKEN_WISE_SYNC, o.Sync == TokenWise, "%v", side)
 		}
 		assert.Equal(t, dev.Strategy, cld.Strategy)
+	}
+}
+
+func turn(role dragonv1.ChatRole, content string) *dragonv1.ChatTurn {
+	return &dragonv1.ChatTurn{Role: role, Content: content}
+}
+
+// TestHistoryReachesTheCloud: a conversation's earlier turns, as an app
+// sends them, reach the device's request and, through the Begin, the
+// cloud's, in order and unchanged, so that both sides lay out the same
+// conversation.
+func TestHistoryReachesTheCloud(t *testing.T) {
+	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
+	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	user, assistant := dragonv1.ChatRole_CHAT_ROLE_USER, dragonv1.ChatRole_CHAT_ROLE_ASSISTANT
+	cases := []struct {
+		name    string
+		history []*dragonv1.ChatTurn
+		want    []engine.Message
+	}{
+		{"none", nil, nil},
+		{"two turns", []*dragonv1.ChatTurn{turn(user, "Who lit the lamp?"), turn(assistant, "The keeper."), turn(user, "Why?"), turn(assistant, "")},
+			[]engine.Message{{Role: engine.RoleUser, Content: "Who lit the lamp?"}, {Role: engine.RoleAssistant, Content: "The keeper."},
+				{Role: engine.RoleUser, Content: "Why?"}, {Role: engine.RoleAssistant, Content: ""}}},
+		{"greeting first", []*dragonv1.ChatTurn{turn(assistant, "Hello!")}, []engine.Message{{Role: engine.RoleAssistant, Content: "Hello!"}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dev, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "When?", History: tc.history}, lim, def)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, dev.History)
+			cld, err := ParseBegin(dev.Begin(7), lim, def)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cld.History)
+		})
+	}
+}
+
+// TestHistoryRefused: a turn of no known role, an empty question, and a
+// conversation longer than the prompt limit are refused as invalid
+// arguments naming the field, by both sides.
+func TestHistoryRefused(t *testing.T) {
+	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 20}
+	def := Defaults{MaxTokens: 16, Mode: dragonv1.Mode_MODE_DEVICE_ONLY}
+	user, assistant := dragonv1.ChatRole_CHAT_ROLE_USER, dragonv1.ChatRole_CHAT_ROLE_ASSISTANT
+	cases := []struct {
+		name    string
+		history []*dragonv1.ChatTurn
+		field   string
+	}{
+		{"unspecified role", []*dragonv1.ChatTurn{turn(user, "a"), turn(dragonv1.ChatRole_CHAT_ROLE_UNSPECIFIED, "b")}, "history[1].role"},
+		{"unknown role", []*dragonv1.ChatTurn{turn(dragonv1.ChatRole(7), "a")}, "history[0].role"},
+		{"empty question", []*dragonv1.ChatTurn{turn(assistant, "hi"), turn(user, "")}, "history[1].content"},
+		// 8 + 8 bytes of turns and 5 of prompt: each fits, together not.
+		{"too long", []*dragonv1.ChatTurn{turn(user, strings.Repeat("q", 8)), turn(assistant, strings.Repeat("a", 8))}, "history"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, gerr := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "When?", History: tc.history}, lim, def)
+			_, berr := ParseBegin(&dragonv1.Begin{Query: "When?", History: tc.history}, lim, def)
+			for side, err := range map[string]error{"device": gerr, "cloud": berr} {
+				st := status.Convert(err)
+				require.Equal(t, codes.InvalidArgument, st.Code(), "%s: %v", side, err)
+				require.Len(t, st.Details(), 1, side)
+				br, ok := st.Details()[0].(*errdetails.BadRequest)
+				require.True(t, ok, side)
+				assert.Equal(t, tc.field, br.GetFieldViolations()[0].GetField(), side)
+			}
+		})
 	}
 }

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"time"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/device"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/sampling"
 	"github.com/dragon-rag/dragon/session"
@@ -48,28 +49,11 @@ func (r *remoteAsk) register(cmd *cobra.Command) {
 	r.grpc.RegisterFlags(f, "device-")
 }
 
-// askSummary is what --json prints.
+// askSummary is what --json prints: the answer and the device's summary of
+// it, as the OpenAI front end's "dragon" object has it.
 type askSummary struct {
-	Text             string  `json:"text"`
-	Mode             string  `json:"mode"`
-	Finish           string  `json:"finish"`
-	Tokens           uint32  `json:"tokens"`
-	TTFTMS           float64 `json:"ttft_ms"`
-	TokenMS          float64 `json:"per_token_ms"`
-	TokenP50MS       float64 `json:"per_token_p50_ms"`
-	TokenP95MS       float64 `json:"per_token_p95_ms"`
-	TotalMS          float64 `json:"total_ms"`
-	TokensPerSecond  float64 `json:"tokens_per_second"`
-	AcceptanceDevice float64 `json:"acceptance_device"`
-	AcceptanceCloud  float64 `json:"acceptance_cloud"`
-	Switches         uint32  `json:"switches"`
-	StaleDrafts      uint64  `json:"stale_drafts"`
-	BytesSent        uint64  `json:"bytes_sent"`
-	BytesReceived    uint64  `json:"bytes_received"`
-	StepsDevice      uint64  `json:"steps_aggregated_device"`
-	StepsCloud       uint64  `json:"steps_aggregated_cloud"`
-	PassagesDevice   uint32  `json:"passages_device"`
-	PassagesCloud    uint32  `json:"passages_cloud"`
+	Text string `json:"text"`
+	device.SummaryJSON
 }
 
 func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) {
@@ -155,37 +139,28 @@ func (r *remoteAsk) ask(cmd *cobra.Command, question string) error {
 	if r.asJSON {
 		return writeJSON(cmd.OutOrStdout(), out)
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "[%s: %d tokens (%s), ttft %.0f ms, %.1f ms/token (%.1f tok/s); acceptance device %.2f cloud %.2f; %d aggregator switches (steps decided: device %d, cloud %d); %d stale drafts; %d bytes sent, %d received]\n",
-		out.Mode, out.Tokens, out.Finish, out.TTFTMS, out.TokenMS, out.TokensPerSecond, out.AcceptanceDevice, out.AcceptanceCloud,
-		out.Switches, out.StepsDevice, out.StepsCloud, out.StaleDrafts, out.BytesSent, out.BytesReceived)
+	fmt.Fprintln(cmd.ErrOrStderr(), summaryLine(out.SummaryJSON))
 	return nil
 }
 
 func summaryJSON(s *dragonv1.GenerateSummary) askSummary {
-	ms := func(d interface{ AsDuration() time.Duration }) float64 { return float64(d.AsDuration()) / 1e6 }
-	return askSummary{
-		Text: s.GetText(), Mode: modeName(s.GetMode()), Finish: finishName(s.GetFinishReason()), Tokens: s.GetTokens(),
-		TTFTMS: ms(s.GetTtft()), TokenMS: ms(s.GetTokenLatencyMean()), TokenP50MS: ms(s.GetTokenLatencyP50()),
-		TokenP95MS: ms(s.GetTokenLatencyP95()), TotalMS: ms(s.GetTotal()), TokensPerSecond: s.GetTokensPerSecond(),
-		AcceptanceDevice: s.GetAcceptanceRateDevice(), AcceptanceCloud: s.GetAcceptanceRateCloud(),
-		Switches: s.GetAggregatorSwitches(), StaleDrafts: s.GetStaleDrafts(), BytesSent: s.GetBytesSent(), BytesReceived: s.GetBytesReceived(),
-		StepsDevice: s.GetStepsAggregatedDevice(), StepsCloud: s.GetStepsAggregatedCloud(),
-		PassagesDevice: s.GetPassagesDevice(), PassagesCloud: s.GetPassagesCloud(),
-	}
+	return askSummary{Text: s.GetText(), SummaryJSON: device.NewSummaryJSON(s)}
 }
 
-func finishName(f dragonv1.FinishReason) string {
-	switch f {
-	case dragonv1.FinishReason_FINISH_REASON_STOP:
-		return "stop"
-	case dragonv1.FinishReason_FINISH_REASON_LENGTH:
-		return "length"
-	case dragonv1.FinishReason_FINISH_REASON_CONTEXT_FULL:
-		return "context_full"
-	case dragonv1.FinishReason_FINISH_REASON_CANCELLED:
-		return "cancelled"
+// summaryLine is the summary people read after the answer.
+func summaryLine(s device.SummaryJSON) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[%s: %d tokens (%s), ttft %.0f ms, %.1f ms/token (%.1f tok/s); acceptance device %.2f cloud %.2f; %d aggregator switches (steps decided: device %d, cloud %d); %d stale drafts; %d bytes sent, %d received",
+		s.Mode, s.Tokens, s.Finish, s.TTFTMS, s.TokenMS, s.TokensPerSecond, s.AcceptanceDevice, s.AcceptanceCloud,
+		s.Switches, s.StepsDevice, s.StepsCloud, s.StaleDrafts, s.BytesSent, s.BytesReceived)
+	if s.Fallback {
+		fmt.Fprintf(&b, ", answered alone from step %d: %s", s.FallbackStep, s.FallbackReason)
 	}
-	return "unknown"
+	if s.PassagesRestoredDevice != 0 || s.PassagesRestoredCloud != 0 {
+		fmt.Fprintf(&b, "; restored passages device %d cloud %d", s.PassagesRestoredDevice, s.PassagesRestoredCloud)
+	}
+	b.WriteString("]")
+	return b.String()
 }
 
 // writeTrace saves a summary's trace in the format dragon bench sched

@@ -111,7 +111,10 @@ type GenerateRequest struct {
 	// Greedy dragon as DRAGON publishes it: no side drafts the mixture's
 	// argmax beside the peer's drafts it holds, and the aggregator keeps its
 	// own drafts to itself (experiments: what drafting beside is worth).
-	BlindDrafts   bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
+	BlindDrafts bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
+	// Earlier turns of the conversation (user and assistant), oldest first;
+	// prompt is the newest user turn.
+	History       []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -228,6 +231,13 @@ func (x *GenerateRequest) GetBlindDrafts() bool {
 		return x.BlindDrafts
 	}
 	return false
+}
+
+func (x *GenerateRequest) GetHistory() []*ChatTurn {
+	if x != nil {
+		return x.History
+	}
+	return nil
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -441,8 +451,12 @@ type GenerateSummary struct {
 	FallbackStep uint32 `protobuf:"varint,29,opt,name=fallback_step,json=fallbackStep,proto3" json:"fallback_step,omitempty"`
 	// Why the device fell back.
 	FallbackReason string `protobuf:"bytes,30,opt,name=fallback_reason,json=fallbackReason,proto3" json:"fallback_reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Passages of each side whose prompt prefix came from the side's KV
+	// cache (in the context, host memory or disk) instead of a prefill.
+	PassagesRestoredDevice uint32 `protobuf:"varint,31,opt,name=passages_restored_device,json=passagesRestoredDevice,proto3" json:"passages_restored_device,omitempty"`
+	PassagesRestoredCloud  uint32 `protobuf:"varint,32,opt,name=passages_restored_cloud,json=passagesRestoredCloud,proto3" json:"passages_restored_cloud,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *GenerateSummary) Reset() {
@@ -683,6 +697,20 @@ func (x *GenerateSummary) GetFallbackReason() string {
 		return x.FallbackReason
 	}
 	return ""
+}
+
+func (x *GenerateSummary) GetPassagesRestoredDevice() uint32 {
+	if x != nil {
+		return x.PassagesRestoredDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetPassagesRestoredCloud() uint32 {
+	if x != nil {
+		return x.PassagesRestoredCloud
+	}
+	return 0
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1063,7 +1091,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd8\x03\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\x87\x04\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1079,7 +1107,8 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\fswitch_every\x18\n" +
 	" \x01(\rR\vswitchEvery\x12!\n" +
 	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\x12!\n" +
-	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\"\x81\x01\n" +
+	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
+	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
@@ -1089,7 +1118,7 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\bR\bfallback\"\x89\v\n" +
+	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xfb\v\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1122,7 +1151,9 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x0erejected_cloud\x18\x1b \x01(\x04R\rrejectedCloud\x12\x1a\n" +
 	"\bfallback\x18\x1c \x01(\bR\bfallback\x12#\n" +
 	"\rfallback_step\x18\x1d \x01(\rR\ffallbackStep\x12'\n" +
-	"\x0ffallback_reason\x18\x1e \x01(\tR\x0efallbackReason\"\xa1\x01\n" +
+	"\x0ffallback_reason\x18\x1e \x01(\tR\x0efallbackReason\x128\n" +
+	"\x18passages_restored_device\x18\x1f \x01(\rR\x16passagesRestoredDevice\x126\n" +
+	"\x17passages_restored_cloud\x18  \x01(\rR\x15passagesRestoredCloud\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
@@ -1194,38 +1225,40 @@ var file_dragon_v1_device_proto_goTypes = []any{
 	(Mode)(0),                   // 11: dragon.v1.Mode
 	(Strategy)(0),               // 12: dragon.v1.Strategy
 	(Side)(0),                   // 13: dragon.v1.Side
-	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
+	(*ChatTurn)(nil),            // 14: dragon.v1.ChatTurn
+	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
 }
 var file_dragon_v1_device_proto_depIdxs = []int32{
 	10, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
 	11, // 1: dragon.v1.GenerateRequest.mode:type_name -> dragon.v1.Mode
 	12, // 2: dragon.v1.GenerateRequest.strategy:type_name -> dragon.v1.Strategy
 	13, // 3: dragon.v1.GenerateRequest.aggregator:type_name -> dragon.v1.Side
-	3,  // 4: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
-	4,  // 5: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
-	0,  // 6: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
-	11, // 7: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
-	14, // 8: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
-	14, // 9: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
-	14, // 10: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
-	14, // 11: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
-	14, // 12: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
-	5,  // 13: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
-	14, // 14: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	14, // 15: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
-	14, // 16: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
-	14, // 17: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
-	1,  // 18: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
-	6,  // 19: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
-	8,  // 20: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
-	2,  // 21: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
-	7,  // 22: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
-	9,  // 23: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
-	21, // [21:24] is the sub-list for method output_type
-	18, // [18:21] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	14, // 4: dragon.v1.GenerateRequest.history:type_name -> dragon.v1.ChatTurn
+	3,  // 5: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
+	4,  // 6: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
+	0,  // 7: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
+	11, // 8: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
+	15, // 9: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
+	15, // 10: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
+	15, // 11: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
+	15, // 12: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
+	15, // 13: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
+	5,  // 14: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
+	15, // 15: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	15, // 16: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
+	15, // 17: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
+	15, // 18: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
+	1,  // 19: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
+	6,  // 20: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
+	8,  // 21: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
+	2,  // 22: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
+	7,  // 23: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
+	9,  // 24: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
+	22, // [22:25] is the sub-list for method output_type
+	19, // [19:22] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_device_proto_init() }

@@ -213,6 +213,56 @@ func (Strategy) EnumDescriptor() ([]byte, []int) {
 	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
+// ChatRole is who said a turn of a conversation.
+type ChatRole int32
+
+const (
+	ChatRole_CHAT_ROLE_UNSPECIFIED ChatRole = 0
+	ChatRole_CHAT_ROLE_USER        ChatRole = 1
+	ChatRole_CHAT_ROLE_ASSISTANT   ChatRole = 2
+)
+
+// Enum value maps for ChatRole.
+var (
+	ChatRole_name = map[int32]string{
+		0: "CHAT_ROLE_UNSPECIFIED",
+		1: "CHAT_ROLE_USER",
+		2: "CHAT_ROLE_ASSISTANT",
+	}
+	ChatRole_value = map[string]int32{
+		"CHAT_ROLE_UNSPECIFIED": 0,
+		"CHAT_ROLE_USER":        1,
+		"CHAT_ROLE_ASSISTANT":   2,
+	}
+)
+
+func (x ChatRole) Enum() *ChatRole {
+	p := new(ChatRole)
+	*p = x
+	return p
+}
+
+func (x ChatRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ChatRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_dragon_v1_peer_proto_enumTypes[3].Descriptor()
+}
+
+func (ChatRole) Type() protoreflect.EnumType {
+	return &file_dragon_v1_peer_proto_enumTypes[3]
+}
+
+func (x ChatRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ChatRole.Descriptor instead.
+func (ChatRole) EnumDescriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
 // PeerMessage is the envelope of the Session stream.
 type PeerMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -780,7 +830,11 @@ type Begin struct {
 	System string `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
 	// No drafting beside the peer's drafts, no shared aggregator drafts
 	// (GenerateRequest.blind_drafts).
-	BlindDrafts   bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
+	BlindDrafts bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
+	// Earlier turns of the conversation, oldest first, before query: both
+	// sides lay them out between each passage and the query, so a turn's
+	// prompt extends the last turn's and prefills only what is new.
+	History       []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -899,19 +953,82 @@ func (x *Begin) GetBlindDrafts() bool {
 	return false
 }
 
-// Drafts are drafted tokens of one side, in step order: one, or a burst of
-// several that one forward pass of local speculative decoding decided.
-type Drafts struct {
+func (x *Begin) GetHistory() []*ChatTurn {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+// ChatTurn is one earlier turn of a conversation.
+type ChatTurn struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Drafts        []*Draft               `protobuf:"bytes,2,rep,name=drafts,proto3" json:"drafts,omitempty"`
+	Role          ChatRole               `protobuf:"varint,1,opt,name=role,proto3,enum=dragon.v1.ChatRole" json:"role,omitempty"`
+	Content       string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
+func (x *ChatTurn) Reset() {
+	*x = ChatTurn{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatTurn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatTurn) ProtoMessage() {}
+
+func (x *ChatTurn) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatTurn.ProtoReflect.Descriptor instead.
+func (*ChatTurn) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ChatTurn) GetRole() ChatRole {
+	if x != nil {
+		return x.Role
+	}
+	return ChatRole_CHAT_ROLE_UNSPECIFIED
+}
+
+func (x *ChatTurn) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
+// Drafts are drafted tokens of one side, in step order: one, or a burst of
+// several that one forward pass of local speculative decoding decided.
+type Drafts struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Drafts    []*Draft               `protobuf:"bytes,2,rep,name=drafts,proto3" json:"drafts,omitempty"`
+	// Passages whose prompt prefix the sender restored from its KV cache
+	// instead of prefilling (for the answer's summary; counts only).
+	PassagesRestored uint32 `protobuf:"varint,3,opt,name=passages_restored,json=passagesRestored,proto3" json:"passages_restored,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
 func (x *Drafts) Reset() {
 	*x = Drafts{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1040,7 @@ func (x *Drafts) String() string {
 func (*Drafts) ProtoMessage() {}
 
 func (x *Drafts) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1053,7 @@ func (x *Drafts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drafts.ProtoReflect.Descriptor instead.
 func (*Drafts) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Drafts) GetSessionId() uint64 {
@@ -951,6 +1068,13 @@ func (x *Drafts) GetDrafts() []*Draft {
 		return x.Drafts
 	}
 	return nil
+}
+
+func (x *Drafts) GetPassagesRestored() uint32 {
+	if x != nil {
+		return x.PassagesRestored
+	}
+	return 0
 }
 
 // Draft is one drafted token with the distribution it was drawn from.
@@ -986,7 +1110,7 @@ type Draft struct {
 
 func (x *Draft) Reset() {
 	*x = Draft{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1122,7 @@ func (x *Draft) String() string {
 func (*Draft) ProtoMessage() {}
 
 func (x *Draft) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1135,7 @@ func (x *Draft) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Draft.ProtoReflect.Descriptor instead.
 func (*Draft) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Draft) GetStep() uint64 {
@@ -1088,7 +1212,7 @@ type Verdicts struct {
 
 func (x *Verdicts) Reset() {
 	*x = Verdicts{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1224,7 @@ func (x *Verdicts) String() string {
 func (*Verdicts) ProtoMessage() {}
 
 func (x *Verdicts) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1237,7 @@ func (x *Verdicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdicts.ProtoReflect.Descriptor instead.
 func (*Verdicts) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Verdicts) GetSessionId() uint64 {
@@ -1158,7 +1282,7 @@ type Verdict struct {
 
 func (x *Verdict) Reset() {
 	*x = Verdict{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1294,7 @@ func (x *Verdict) String() string {
 func (*Verdict) ProtoMessage() {}
 
 func (x *Verdict) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1307,7 @@ func (x *Verdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdict.ProtoReflect.Descriptor instead.
 func (*Verdict) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Verdict) GetStep() uint64 {
@@ -1290,7 +1414,7 @@ type Handover struct {
 
 func (x *Handover) Reset() {
 	*x = Handover{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1426,7 @@ func (x *Handover) String() string {
 func (*Handover) ProtoMessage() {}
 
 func (x *Handover) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1439,7 @@ func (x *Handover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Handover.ProtoReflect.Descriptor instead.
 func (*Handover) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Handover) GetSessionId() uint64 {
@@ -1368,7 +1492,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1504,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1517,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Ping) GetSeq() uint64 {
@@ -1431,7 +1555,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[11]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1443,7 +1567,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[11]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1456,7 +1580,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Pong) GetSeq() uint64 {
@@ -1492,7 +1616,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[12]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1504,7 +1628,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[12]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1517,7 +1641,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Cancel) GetSessionId() uint64 {
@@ -1547,7 +1671,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[13]
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1683,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[13]
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1696,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Error) GetSessionId() uint64 {
@@ -1607,7 +1731,7 @@ type Passages struct {
 
 func (x *Passages) Reset() {
 	*x = Passages{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1743,7 @@ func (x *Passages) String() string {
 func (*Passages) ProtoMessage() {}
 
 func (x *Passages) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1756,7 @@ func (x *Passages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passages.ProtoReflect.Descriptor instead.
 func (*Passages) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Passages) GetSessionId() uint64 {
@@ -1662,7 +1786,7 @@ type Passage struct {
 
 func (x *Passage) Reset() {
 	*x = Passage{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1798,7 @@ func (x *Passage) String() string {
 func (*Passage) ProtoMessage() {}
 
 func (x *Passage) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1811,7 @@ func (x *Passage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passage.ProtoReflect.Descriptor instead.
 func (*Passage) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Passage) GetText() string {
@@ -1725,7 +1849,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1737,7 +1861,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1750,7 +1874,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Candidate) GetSessionId() uint64 {
@@ -1795,7 +1919,7 @@ type CandidateScores struct {
 
 func (x *CandidateScores) Reset() {
 	*x = CandidateScores{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1931,7 @@ func (x *CandidateScores) String() string {
 func (*CandidateScores) ProtoMessage() {}
 
 func (x *CandidateScores) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1944,7 @@ func (x *CandidateScores) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateScores.ProtoReflect.Descriptor instead.
 func (*CandidateScores) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CandidateScores) GetSessionId() uint64 {
@@ -1852,14 +1976,16 @@ type Tokens struct {
 	Step      uint64                 `protobuf:"varint,2,opt,name=step,proto3" json:"step,omitempty"`
 	Tokens    []int32                `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// The cloud's answer is complete.
-	Done          bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Done bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	// As Drafts.passages_restored.
+	PassagesRestored uint32 `protobuf:"varint,5,opt,name=passages_restored,json=passagesRestored,proto3" json:"passages_restored,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Tokens) Reset() {
 	*x = Tokens{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +1997,7 @@ func (x *Tokens) String() string {
 func (*Tokens) ProtoMessage() {}
 
 func (x *Tokens) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2010,7 @@ func (x *Tokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
 func (*Tokens) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Tokens) GetSessionId() uint64 {
@@ -1915,6 +2041,13 @@ func (x *Tokens) GetDone() bool {
 	return false
 }
 
+func (x *Tokens) GetPassagesRestored() uint32 {
+	if x != nil {
+		return x.PassagesRestored
+	}
+	return 0
+}
+
 // KVChunk is part of the KV state of one of the cloud's passage sequences
 // (MODE_KV), as llama.cpp serialises it; chunks of a sequence arrive in
 // order, the last one flagged.
@@ -1936,7 +2069,7 @@ type KVChunk struct {
 
 func (x *KVChunk) Reset() {
 	*x = KVChunk{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2081,7 @@ func (x *KVChunk) String() string {
 func (*KVChunk) ProtoMessage() {}
 
 func (x *KVChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2094,7 @@ func (x *KVChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVChunk.ProtoReflect.Descriptor instead.
 func (*KVChunk) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *KVChunk) GetSessionId() uint64 {
@@ -2058,7 +2191,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xc8\x03\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xf7\x03\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2075,11 +2208,16 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\fswitch_every\x18\n" +
 	" \x01(\rR\vswitchEvery\x12\x16\n" +
 	"\x06system\x18\v \x01(\tR\x06system\x12!\n" +
-	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\"Q\n" +
+	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
+	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\"M\n" +
+	"\bChatTurn\x12'\n" +
+	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
 	"\x06Drafts\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12(\n" +
-	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\"\x94\x02\n" +
+	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\x12+\n" +
+	"\x11passages_restored\x18\x03 \x01(\rR\x10passagesRestored\"\x94\x02\n" +
 	"\x05Draft\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\rR\x05epoch\x12\x14\n" +
@@ -2154,13 +2292,14 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12)\n" +
 	"\x10device_candidate\x18\x02 \x03(\x01R\x0fdeviceCandidate\x12'\n" +
-	"\x0fcloud_candidate\x18\x03 \x03(\x01R\x0ecloudCandidate\"g\n" +
+	"\x0fcloud_candidate\x18\x03 \x03(\x01R\x0ecloudCandidate\"\x94\x01\n" +
 	"\x06Tokens\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\x05R\x06tokens\x12\x12\n" +
-	"\x04done\x18\x04 \x01(\bR\x04done\"\xb4\x01\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\x12+\n" +
+	"\x11passages_restored\x18\x05 \x01(\rR\x10passagesRestored\"\xb4\x01\n" +
 	"\aKVChunk\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x18\n" +
@@ -2189,7 +2328,11 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x0fSTRATEGY_GREEDY\x10\x01\x12\x13\n" +
 	"\x0fSTRATEGY_DEVICE\x10\x02\x12\x12\n" +
 	"\x0eSTRATEGY_CLOUD\x10\x03\x12\x13\n" +
-	"\x0fSTRATEGY_RANDOM\x10\x042L\n" +
+	"\x0fSTRATEGY_RANDOM\x10\x04*R\n" +
+	"\bChatRole\x12\x19\n" +
+	"\x15CHAT_ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eCHAT_ROLE_USER\x10\x01\x12\x17\n" +
+	"\x13CHAT_ROLE_ASSISTANT\x10\x022L\n" +
 	"\vPeerService\x12=\n" +
 	"\aSession\x12\x16.dragon.v1.PeerMessage\x1a\x16.dragon.v1.PeerMessage(\x010\x01B7Z5github.com/dragon-rag/dragon/proto/dragon/v1;dragonv1b\x06proto3"
 
@@ -2205,67 +2348,71 @@ func file_dragon_v1_peer_proto_rawDescGZIP() []byte {
 	return file_dragon_v1_peer_proto_rawDescData
 }
 
-var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_dragon_v1_peer_proto_goTypes = []any{
 	(Side)(0),               // 0: dragon.v1.Side
 	(Mode)(0),               // 1: dragon.v1.Mode
 	(Strategy)(0),           // 2: dragon.v1.Strategy
-	(*PeerMessage)(nil),     // 3: dragon.v1.PeerMessage
-	(*Hello)(nil),           // 4: dragon.v1.Hello
-	(*DecodeFit)(nil),       // 5: dragon.v1.DecodeFit
-	(*SamplingParams)(nil),  // 6: dragon.v1.SamplingParams
-	(*Begin)(nil),           // 7: dragon.v1.Begin
-	(*Drafts)(nil),          // 8: dragon.v1.Drafts
-	(*Draft)(nil),           // 9: dragon.v1.Draft
-	(*Verdicts)(nil),        // 10: dragon.v1.Verdicts
-	(*Verdict)(nil),         // 11: dragon.v1.Verdict
-	(*Handover)(nil),        // 12: dragon.v1.Handover
-	(*Ping)(nil),            // 13: dragon.v1.Ping
-	(*Pong)(nil),            // 14: dragon.v1.Pong
-	(*Cancel)(nil),          // 15: dragon.v1.Cancel
-	(*Error)(nil),           // 16: dragon.v1.Error
-	(*Passages)(nil),        // 17: dragon.v1.Passages
-	(*Passage)(nil),         // 18: dragon.v1.Passage
-	(*Candidate)(nil),       // 19: dragon.v1.Candidate
-	(*CandidateScores)(nil), // 20: dragon.v1.CandidateScores
-	(*Tokens)(nil),          // 21: dragon.v1.Tokens
-	(*KVChunk)(nil),         // 22: dragon.v1.KVChunk
+	(ChatRole)(0),           // 3: dragon.v1.ChatRole
+	(*PeerMessage)(nil),     // 4: dragon.v1.PeerMessage
+	(*Hello)(nil),           // 5: dragon.v1.Hello
+	(*DecodeFit)(nil),       // 6: dragon.v1.DecodeFit
+	(*SamplingParams)(nil),  // 7: dragon.v1.SamplingParams
+	(*Begin)(nil),           // 8: dragon.v1.Begin
+	(*ChatTurn)(nil),        // 9: dragon.v1.ChatTurn
+	(*Drafts)(nil),          // 10: dragon.v1.Drafts
+	(*Draft)(nil),           // 11: dragon.v1.Draft
+	(*Verdicts)(nil),        // 12: dragon.v1.Verdicts
+	(*Verdict)(nil),         // 13: dragon.v1.Verdict
+	(*Handover)(nil),        // 14: dragon.v1.Handover
+	(*Ping)(nil),            // 15: dragon.v1.Ping
+	(*Pong)(nil),            // 16: dragon.v1.Pong
+	(*Cancel)(nil),          // 17: dragon.v1.Cancel
+	(*Error)(nil),           // 18: dragon.v1.Error
+	(*Passages)(nil),        // 19: dragon.v1.Passages
+	(*Passage)(nil),         // 20: dragon.v1.Passage
+	(*Candidate)(nil),       // 21: dragon.v1.Candidate
+	(*CandidateScores)(nil), // 22: dragon.v1.CandidateScores
+	(*Tokens)(nil),          // 23: dragon.v1.Tokens
+	(*KVChunk)(nil),         // 24: dragon.v1.KVChunk
 }
 var file_dragon_v1_peer_proto_depIdxs = []int32{
-	4,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
-	7,  // 1: dragon.v1.PeerMessage.begin:type_name -> dragon.v1.Begin
-	8,  // 2: dragon.v1.PeerMessage.drafts:type_name -> dragon.v1.Drafts
-	10, // 3: dragon.v1.PeerMessage.verdicts:type_name -> dragon.v1.Verdicts
-	12, // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
-	13, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
-	14, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
-	15, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
-	16, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
-	17, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
-	19, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
-	20, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
-	21, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
-	22, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
+	5,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
+	8,  // 1: dragon.v1.PeerMessage.begin:type_name -> dragon.v1.Begin
+	10, // 2: dragon.v1.PeerMessage.drafts:type_name -> dragon.v1.Drafts
+	12, // 3: dragon.v1.PeerMessage.verdicts:type_name -> dragon.v1.Verdicts
+	14, // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
+	15, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
+	16, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
+	17, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
+	18, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
+	19, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
+	21, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
+	22, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
+	23, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
+	24, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
 	0,  // 14: dragon.v1.Hello.side:type_name -> dragon.v1.Side
-	5,  // 15: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
-	6,  // 16: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
+	6,  // 15: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
+	7,  // 16: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
 	1,  // 17: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
 	0,  // 18: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
 	2,  // 19: dragon.v1.Begin.strategy:type_name -> dragon.v1.Strategy
-	9,  // 20: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
-	0,  // 21: dragon.v1.Draft.side:type_name -> dragon.v1.Side
-	11, // 22: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
-	9,  // 23: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
-	18, // 24: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
-	0,  // 25: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
-	3,  // 26: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
-	3,  // 27: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
-	27, // [27:28] is the sub-list for method output_type
-	26, // [26:27] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	9,  // 20: dragon.v1.Begin.history:type_name -> dragon.v1.ChatTurn
+	3,  // 21: dragon.v1.ChatTurn.role:type_name -> dragon.v1.ChatRole
+	11, // 22: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
+	0,  // 23: dragon.v1.Draft.side:type_name -> dragon.v1.Side
+	13, // 24: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
+	11, // 25: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
+	20, // 26: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
+	0,  // 27: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
+	4,  // 28: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
+	4,  // 29: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_peer_proto_init() }
@@ -2294,8 +2441,8 @@ func file_dragon_v1_peer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_peer_proto_rawDesc), len(file_dragon_v1_peer_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   20,
+			NumEnums:      4,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

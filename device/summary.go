@@ -1,0 +1,90 @@
+package device
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+)
+
+// SummaryJSON is a GenerateSummary as scripts read it, in one place so
+// that `dragon ask --json` and the "dragon" object of OpenAI responses
+// agree. Keys are the proto fields' names (durations as <name>_ms, float
+// milliseconds) except those scripts already read under older names. The
+// answer's text is left to each caller (OpenAI responses carry it as the
+// message content), and so is the trace (`dragon ask --trace` writes it to
+// a file; it is too large for a one-line summary).
+type SummaryJSON struct {
+	Mode             string  `json:"mode"`
+	Finish           string  `json:"finish"`
+	Tokens           uint32  `json:"tokens"`
+	TTFTMS           float64 `json:"ttft_ms"`
+	TokenMS          float64 `json:"per_token_ms"`
+	TokenP50MS       float64 `json:"per_token_p50_ms"`
+	TokenP95MS       float64 `json:"per_token_p95_ms"`
+	TotalMS          float64 `json:"total_ms"`
+	TokensPerSecond  float64 `json:"tokens_per_second"`
+	AcceptanceDevice float64 `json:"acceptance_device"`
+	AcceptanceCloud  float64 `json:"acceptance_cloud"`
+	// Switches is the name `dragon ask --json` has always printed,
+	// AggregatorSwitches the one OpenAI responses have; both stay for the
+	// scripts that read either.
+	Switches                       uint32 `json:"switches"`
+	AggregatorSwitches             uint32 `json:"aggregator_switches"`
+	StaleDrafts                    uint64 `json:"stale_drafts"`
+	BytesSent                      uint64 `json:"bytes_sent"`
+	BytesReceived                  uint64 `json:"bytes_received"`
+	StepsDevice                    uint64 `json:"steps_aggregated_device"`
+	StepsCloud                     uint64 `json:"steps_aggregated_cloud"`
+	PassagesDevice                 uint32 `json:"passages_device"`
+	PassagesCloud                  uint32 `json:"passages_cloud"`
+	ForwardPassesDevice            uint64 `json:"forward_passes_device"`
+	LocalDraftTokensAcceptedDevice uint64 `json:"local_draft_tokens_accepted_device"`
+	SecondChoiceDevice             uint64 `json:"second_choice_device"`
+	SecondChoiceCloud              uint64 `json:"second_choice_cloud"`
+	RejectedDevice                 uint64 `json:"rejected_device"`
+	RejectedCloud                  uint64 `json:"rejected_cloud"`
+	Fallback                       bool   `json:"fallback"`
+	FallbackStep                   uint32 `json:"fallback_step"`
+	FallbackReason                 string `json:"fallback_reason"`
+	PassagesRestoredDevice         uint32 `json:"passages_restored_device"`
+	PassagesRestoredCloud          uint32 `json:"passages_restored_cloud"`
+}
+
+// NewSummaryJSON maps s to its JSON form.
+func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
+	ms := func(d *durationpb.Duration) float64 { return float64(d.AsDuration()) / float64(time.Millisecond) }
+	return SummaryJSON{
+		Mode: session.ModeName(s.GetMode()), Finish: finishReasonName(s.GetFinishReason()), Tokens: s.GetTokens(),
+		TTFTMS: ms(s.GetTtft()), TokenMS: ms(s.GetTokenLatencyMean()), TokenP50MS: ms(s.GetTokenLatencyP50()),
+		TokenP95MS: ms(s.GetTokenLatencyP95()), TotalMS: ms(s.GetTotal()), TokensPerSecond: s.GetTokensPerSecond(),
+		AcceptanceDevice: s.GetAcceptanceRateDevice(), AcceptanceCloud: s.GetAcceptanceRateCloud(),
+		Switches: s.GetAggregatorSwitches(), AggregatorSwitches: s.GetAggregatorSwitches(),
+		StaleDrafts: s.GetStaleDrafts(), BytesSent: s.GetBytesSent(), BytesReceived: s.GetBytesReceived(),
+		StepsDevice: s.GetStepsAggregatedDevice(), StepsCloud: s.GetStepsAggregatedCloud(),
+		PassagesDevice: s.GetPassagesDevice(), PassagesCloud: s.GetPassagesCloud(),
+		ForwardPassesDevice: s.GetForwardPassesDevice(), LocalDraftTokensAcceptedDevice: s.GetLocalDraftTokensAcceptedDevice(),
+		SecondChoiceDevice: s.GetSecondChoiceDevice(), SecondChoiceCloud: s.GetSecondChoiceCloud(),
+		RejectedDevice: s.GetRejectedDevice(), RejectedCloud: s.GetRejectedCloud(),
+		Fallback: s.GetFallback(), FallbackStep: s.GetFallbackStep(), FallbackReason: s.GetFallbackReason(),
+		PassagesRestoredDevice: s.GetPassagesRestoredDevice(), PassagesRestoredCloud: s.GetPassagesRestoredCloud(),
+	}
+}
+
+// finishReasonName names every finish reason, unlike finishName, which
+// folds them into the two the OpenAI API knows.
+func finishReasonName(f dragonv1.FinishReason) string {
+	switch f {
+	case dragonv1.FinishReason_FINISH_REASON_STOP:
+		return "stop"
+	case dragonv1.FinishReason_FINISH_REASON_LENGTH:
+		return "length"
+	case dragonv1.FinishReason_FINISH_REASON_CONTEXT_FULL:
+		return "context_full"
+	case dragonv1.FinishReason_FINISH_REASON_CANCELLED:
+		return "cancelled"
+	}
+	return "unknown"
+}

@@ -1,0 +1,267 @@
+package kvcache
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dragon-rag/dragon/engine"
+)
+
+// An entry on disk is one file:
+//
+//	magic    8 bytes  "DRGNKV\x00\x01"
+//	version  uint32   FormatVersion
+//	ns       uint32 length, then the namespace
+//	tokens   uint32 count, then int32 each
+//	state    uint64 length, then the state bytes
+//	crc      uint32   CRC-32C of everything before it
+//
+// little-endian. The header alone (read at start-up) says whose entry it
+// is and how long the file must be; the checksum is checked when the entry
+// is loaded.
+const (
+	magic = "DRGNKV\x00\x01"
+	// FormatVersion changes whenever the layout above does.
+	FormatVersion uint32 = 1
+	fileExt              = ".kv"
+	// maxTokens bounds a header's token count, so a corrupt count cannot
+	// make the scan allocate gigabytes.
+	maxTokens = 1 << 20
+)
+
+var (
+	errForeign = errors.New("another model or engine settings (namespace)")
+	crcTable   = crc32.MakeTable(crc32.Castagnoli)
+)
+
+type diskStore struct {
+	dir string
+	ns  string
+	log *slog.Logger
+}
+
+type diskEntry struct {
+	name   string
+	tokens []engine.Token
+	size   int64
+}
+
+func openDisk(dir, ns string, log *slog.Logger) (*diskStore, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("kvcache: cache directory: %w", err)
+	}
+	return &diskStore{dir: dir, ns: ns, log: log}, nil
+}
+
+// fileName names an entry by its namespace and tokens.
+func (d *diskStore) fileName(toks []engine.Token) string {
+	h := sha256.New()
+	h.Write([]byte(d.ns))
+	var b [4]byte
+	for _, t := range toks {
+		binary.LittleEndian.PutUint32(b[:], uint32(t))
+		h.Write(b[:])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16]) + fileExt
+}
+
+// scan indexes the directory's entries by their headers. Entries of
+// another namespace are skipped with one log line; entries that cannot be
+// used (another format version, a header that does not parse, a size that
+// does not match it) are removed with one log line, so they are recomputed
+// rather than read again; leftovers of interrupted writes are removed
+// silently.
+func (d *diskStore) scan() (found []diskEntry, refused int) {
+	des, err := os.ReadDir(d.dir)
+	if err != nil {
+		d.log.Warn("kv cache: cannot read the cache directory; starting cold", "dir", d.dir, "err", err)
+		return nil, 0
+	}
+	for _, de := range des {
+		name := de.Name()
+		if strings.HasSuffix(name, ".tmp") {
+			_ = os.Remove(filepath.Join(d.dir, name))
+			continue
+		}
+		if de.IsDir() || !strings.HasSuffix(name, fileExt) {
+			continue
+		}
+		toks, size, err := d.readHeader(name)
+		if errors.Is(err, errForeign) {
+			// Another model's daemon may share the directory: leave its
+			// entries alone.
+			d.log.Warn("kv cache: skipping a disk entry of another model or engine", "file", name)
+			refused++
+			continue
+		}
+		if err != nil {
+			d.log.Warn("kv cache: refusing a disk entry; it will be recomputed", "file", name, "err", err)
+			refused++
+			d.remove(name)
+			continue
+		}
+		found = append(found, diskEntry{name: name, tokens: toks, size: size})
+	}
+	return found, refused
+}
+
+// readHeader reads an entry's tokens and checks the file's size against
+// its header.
+func (d *diskStore) readHeader(name string) ([]engine.Token, int64, error) {
+	f, err := os.Open(filepath.Join(d.dir, name))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	toks, stateLen, hdr, err := d.parseHeader(bufio.NewReader(f))
+	if err != nil {
+		return nil, 0, err
+	}
+	if want := hdr + int64(stateLen) + 4; st.Size() != want {
+		return nil, 0, fmt.Errorf("truncated or padded: %d bytes, the header says %d", st.Size(), want)
+	}
+	return toks, st.Size(), nil
+}
+
+// parseHeader reads everything before the state; hdr is its length.
+func (d *diskStore) parseHeader(r io.Reader) (toks []engine.Token, stateLen uint64, hdr int64, err error) {
+	var m [8]byte
+	if _, err := io.ReadFull(r, m[:]); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if string(m[:]) != magic {
+		return nil, 0, 0, errors.New("not a dragon KV cache entry (bad magic)")
+	}
+	var version, nsLen uint32
+	if err := binary.Read(r, binary.LittleEndian, &version); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if version != FormatVersion {
+		return nil, 0, 0, fmt.Errorf("format version %d, this build reads %d", version, FormatVersion)
+	}
+	if err := binary.Read(r, binary.LittleEndian, &nsLen); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if nsLen != uint32(len(d.ns)) {
+		return nil, 0, 0, errForeign
+	}
+	ns := make([]byte, nsLen)
+	if _, err := io.ReadFull(r, ns); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if string(ns) != d.ns {
+		return nil, 0, 0, errForeign
+	}
+	var n uint32
+	if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if n == 0 || n > maxTokens {
+		return nil, 0, 0, fmt.Errorf("header: %d tokens", n)
+	}
+	toks = make([]engine.Token, n)
+	if err := binary.Read(r, binary.LittleEndian, toks); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if err := binary.Read(r, binary.LittleEndian, &stateLen); err != nil {
+		return nil, 0, 0, fmt.Errorf("header: %w", err)
+	}
+	if stateLen == 0 || stateLen > 1<<40 {
+		return nil, 0, 0, fmt.Errorf("header: a state of %d bytes", stateLen)
+	}
+	hdr = int64(8 + 4 + 4 + len(ns) + 4 + 4*len(toks) + 8)
+	return toks, stateLen, hdr, nil
+}
+
+// encode lays an entry out as a file's bytes.
+func (d *diskStore) encode(toks []engine.Token, state []byte) []byte {
+	var b bytes.Buffer
+	b.Grow(8 + 4 + 4 + len(d.ns) + 4 + 4*len(toks) + 8 + len(state) + 4)
+	b.WriteString(magic)
+	le := binary.LittleEndian
+	b.Write(le.AppendUint32(nil, FormatVersion))
+	b.Write(le.AppendUint32(nil, uint32(len(d.ns))))
+	b.WriteString(d.ns)
+	b.Write(le.AppendUint32(nil, uint32(len(toks))))
+	for _, t := range toks {
+		b.Write(le.AppendUint32(nil, uint32(t)))
+	}
+	b.Write(le.AppendUint64(nil, uint64(len(state))))
+	b.Write(state)
+	b.Write(le.AppendUint32(nil, crc32.Checksum(b.Bytes(), crcTable)))
+	return b.Bytes()
+}
+
+// store writes an entry atomically (a temporary file renamed into place)
+// and returns its name and size.
+func (d *diskStore) store(toks []engine.Token, state []byte) (string, int64, error) {
+	name := d.fileName(toks)
+	data := d.encode(toks, state)
+	f, err := os.CreateTemp(d.dir, name+".*.tmp")
+	if err != nil {
+		return "", 0, err
+	}
+	_, werr := f.Write(data)
+	cerr := f.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		_ = os.Remove(f.Name())
+		return "", 0, err
+	}
+	if err := os.Rename(f.Name(), filepath.Join(d.dir, name)); err != nil {
+		_ = os.Remove(f.Name())
+		return "", 0, err
+	}
+	return name, int64(len(data)), nil
+}
+
+// load reads an entry's state, checking its checksum and that it holds
+// the tokens the index says.
+func (d *diskStore) load(name string, want []engine.Token) ([]byte, error) {
+	data, err := os.ReadFile(filepath.Join(d.dir, name))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) < 4 {
+		return nil, errors.New("truncated")
+	}
+	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
+	r := bytes.NewReader(body)
+	toks, stateLen, hdr, err := d.parseHeader(r)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(body)) != hdr+int64(stateLen) {
+		return nil, fmt.Errorf("truncated or padded: %d bytes, the header says %d", len(data), hdr+int64(stateLen)+4)
+	}
+	if crc32.Checksum(body, crcTable) != sum {
+		return nil, errors.New("checksum mismatch (corrupt)")
+	}
+	if commonPrefix(toks, want) != len(want) || len(toks) != len(want) {
+		return nil, errors.New("holds other tokens than its index entry")
+	}
+	return body[hdr:], nil
+}
+
+func (d *diskStore) remove(name string) {
+	if name == "" {
+		return
+	}
+	if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.log.Warn("kv cache: could not remove a disk entry", "file", name, "err", err)
+	}
+}
