@@ -221,6 +221,10 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	default:
 		return s.refuse(stream, id, status.Errorf(codes.Unimplemented, "mode %v is not served by this cloud", req.Mode))
 	}
+	// The answer joins the shared cache: the conversation's next turn may
+	// land on another slot.
+	log.Debug("cloud session done", "passages_restored", dec.Restored(), "err", err)
+	dec.Retain()
 	s.cfg.Metrics.Observe(session.ModeName(req.Mode), start, sum, err)
 	if err != nil && ctx.Err() == nil {
 		log.Warn("cloud session failed", "err", err)

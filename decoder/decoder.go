@@ -323,8 +323,10 @@ func (d *Decoder) BeginRaw(ctx context.Context, prompts []string, scores []float
 // begin tokenizes texts and prefills one sequence per text, then loads the
 // imported sequences after them.
 func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported, scores []float64, hTilde float64, calib func(int, [][]engine.TokenLogit) error) error {
-	resident := d.resident()
-	d.prompts = d.prompts[:0]
+	// The prompts replace the decoder's only once they are valid: until
+	// then prompts, answer and held still describe what the KV holds,
+	// which the prefix reuse below relies on.
+	prompts := make([][]engine.Token, 0, len(texts)+len(imported))
 	for _, text := range texts {
 		toks, err := d.model.Tokenize(text, true, true)
 		if err != nil {
@@ -337,15 +339,17 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 			return fmt.Errorf("decoder: %w: prompt of %d tokens does not fit the context of %d per sequence",
 				engine.ErrContextFull, len(toks), d.opts.CtxPerSeq)
 		}
-		d.prompts = append(d.prompts, toks)
+		prompts = append(prompts, toks)
 	}
-	own := len(d.prompts)
+	own := len(prompts)
 	for _, im := range imported {
 		if len(im.Prompt) == 0 || len(im.Prompt) >= d.opts.CtxPerSeq {
 			return fmt.Errorf("decoder: %w: imported prompt of %d tokens for sequences of %d", engine.ErrInvalidInput, len(im.Prompt), d.opts.CtxPerSeq)
 		}
-		d.prompts = append(d.prompts, im.Prompt)
+		prompts = append(prompts, im.Prompt)
 	}
+	resident := d.resident()
+	d.prompts = prompts
 	d.w, _ = weights(scores)
 	d.hTilde = hTilde
 	d.gen = d.gen[:0]

@@ -80,7 +80,9 @@ func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 	limit := len(prompt) - 1
 	inContext := 0
 	if s < len(resident) {
-		inContext = min(commonPrefix(resident[s], prompt), limit)
+		// What the engine holds bounds what the mirror says: an owner of
+		// a shared context may have emptied the sequence since.
+		inContext = min(commonPrefix(resident[s], prompt), limit, d.ectx.SeqLen(s))
 	}
 	counts := d.templateStart() + kvcache.BlockTokens
 	if hit, ok := d.opts.Cache.Lookup(prompt[:limit], inContext, counts); ok {

@@ -105,6 +105,9 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 
 	sum, err := s.generate(ctx, req, opts, out)
+	// The answer joins the cache, so the conversation's next turn, or the
+	// same question again, prefills only what it adds.
+	s.dec.Retain()
 	sum.Fallback = sum.Fallback || out.fellBack
 	s.cfg.Metrics.Observe(session.ModeName(req.Mode), start, sum, err)
 	if err != nil {
@@ -303,6 +306,7 @@ func (s *Server) summarize(req session.Request, sum session.Summary, text string
 		PassagesDevice: uint32(req.PassagesDevice), PassagesCloud: uint32(req.PassagesCloud),
 		SecondChoiceDevice: sum.SecondChoice[0], SecondChoiceCloud: sum.SecondChoice[1],
 		RejectedDevice: sum.Rejected[0], RejectedCloud: sum.Rejected[1],
+		PassagesRestoredDevice: uint32(sum.Restored[0]), PassagesRestoredCloud: uint32(sum.Restored[1]),
 	}
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		out.PassagesCloud = 0

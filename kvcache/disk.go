@@ -90,11 +90,14 @@ func (d *diskStore) scan() (found []diskEntry, refused int) {
 	}
 	for _, de := range des {
 		name := de.Name()
+		if de.IsDir() {
+			continue
+		}
 		if strings.HasSuffix(name, ".tmp") {
 			_ = os.Remove(filepath.Join(d.dir, name))
 			continue
 		}
-		if de.IsDir() || !strings.HasSuffix(name, fileExt) {
+		if !strings.HasSuffix(name, fileExt) {
 			continue
 		}
 		toks, size, err := d.readHeader(name)
@@ -188,10 +191,15 @@ func (d *diskStore) parseHeader(r io.Reader) (toks []engine.Token, stateLen uint
 	return toks, stateLen, hdr, nil
 }
 
+// fileSize is the size of an entry's file.
+func (d *diskStore) fileSize(toks []engine.Token, stateLen int) int64 {
+	return int64(8 + 4 + 4 + len(d.ns) + 4 + 4*len(toks) + 8 + stateLen + 4)
+}
+
 // encode lays an entry out as a file's bytes.
 func (d *diskStore) encode(toks []engine.Token, state []byte) []byte {
 	var b bytes.Buffer
-	b.Grow(8 + 4 + 4 + len(d.ns) + 4 + 4*len(toks) + 8 + len(state) + 4)
+	b.Grow(int(d.fileSize(toks, len(state))))
 	b.WriteString(magic)
 	le := binary.LittleEndian
 	b.Write(le.AppendUint32(nil, FormatVersion))

@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io/fs"
 	"log/slog"
 	"sync"
 	"time"
@@ -182,7 +183,7 @@ func New(cfg Config) (*Cache, error) {
 			c.insertLocked(e)
 			c.dskUsed += f.size
 		}
-		c.evictDiskLocked()
+		c.evictDiskLocked(nil)
 		c.publishLocked()
 	}
 	return c, nil
@@ -220,19 +221,18 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 		c.mu.Unlock()
 		return Hit{}, false
 	}
-	tier := Memory
-	if e.mem == nil {
-		tier = Disk
-	}
-	if match >= counts {
-		c.stats.Hits[tier]++
-		c.observe(func(o Observer) { o.Hit(tier) })
-	} else {
-		c.stats.Misses++
-		c.observe(func(o Observer) { o.Miss() })
+	count := func(tier Tier) {
+		if match >= counts {
+			c.stats.Hits[tier]++
+			c.observe(func(o Observer) { o.Hit(tier) })
+		} else {
+			c.stats.Misses++
+			c.observe(func(o Observer) { o.Miss() })
+		}
 	}
 	c.touchLocked(e)
 	if e.mem != nil {
+		count(Memory)
 		h := Hit{State: e.mem, Positions: len(e.tokens), Match: match, Tier: Memory}
 		c.mu.Unlock()
 		return h, true
@@ -244,15 +244,21 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 	state, err := c.disk.load(file, e.tokens)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil {
+	_, live := c.entries[e]
+	live = live && e.file == file
+	switch {
+	case err != nil && (!live || errors.Is(err, fs.ErrNotExist)):
+		// Replaced or evicted while it was read: no hit, nothing wrong.
+		return Hit{}, false
+	case err != nil:
 		c.log.Warn("kv cache: refusing a disk entry; it will be recomputed", "file", file, "err", err)
 		c.stats.Refused++
-		if _, live := c.entries[e]; live && e.file == file {
-			c.dropDiskLocked(e)
-		}
+		c.dropDiskLocked(e)
+		c.publishLocked()
 		return Hit{}, false
 	}
-	if _, live := c.entries[e]; live && e.mem == nil && c.cfg.MemoryBytes >= int64(len(state)) {
+	count(Disk)
+	if live && e.mem == nil && c.cfg.MemoryBytes >= int64(len(state)) {
 		e.mem = state
 		c.memUsed += e.size()
 		c.evictMemLocked(e)
@@ -363,7 +369,7 @@ func (c *Cache) Put(toks []engine.Token, state []byte) {
 		}
 	}
 	size := int64(len(state))
-	toDisk := c.disk != nil && size <= c.cfg.DiskBytes
+	toDisk := c.disk != nil && c.disk.fileSize(toks, len(state)) <= c.cfg.DiskBytes
 	if size > c.cfg.MemoryBytes && !toDisk {
 		return
 	}
@@ -387,7 +393,7 @@ func (c *Cache) Put(toks []engine.Token, state []byte) {
 		} else {
 			e.file, e.disk = file, n
 			c.dskUsed += n
-			c.evictDiskLocked()
+			c.evictDiskLocked(e)
 		}
 	}
 	if e.mem == nil && e.disk == 0 {
@@ -465,9 +471,11 @@ func (c *Cache) evictMemLocked(keep *entry) {
 	}
 }
 
-func (c *Cache) evictDiskLocked() {
+// evictDiskLocked frees disk space, lowest priority first, until the
+// budget holds; keep is not evicted (it was just written).
+func (c *Cache) evictDiskLocked(keep *entry) {
 	for c.dskUsed > c.cfg.DiskBytes {
-		v := c.victimLocked(func(e *entry) bool { return e.disk > 0 })
+		v := c.victimLocked(func(e *entry) bool { return e.disk > 0 && e != keep })
 		if v == nil {
 			return
 		}

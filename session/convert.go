@@ -101,8 +101,10 @@ func fromHandover(dec *codec.Decoder, p *dragonv1.Handover) (aggregator.Handover
 	return aggregator.Handover{NextStep: p.GetNextStep(), Epochs: [2]uint32{p.GetEpochDevice(), p.GetEpochCloud()}, Queue: q}, nil
 }
 
-func msgDrafts(id uint64, ds []aggregator.Draft) *dragonv1.PeerMessage {
-	return &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Drafts{Drafts: &dragonv1.Drafts{SessionId: id, Drafts: toDrafts(ds)}}}
+// msgDrafts carries drafts and how many of the sender's passages began
+// from its KV cache (a count, for the answer's summary).
+func msgDrafts(id uint64, ds []aggregator.Draft, restored int) *dragonv1.PeerMessage {
+	return &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Drafts{Drafts: &dragonv1.Drafts{SessionId: id, Drafts: toDrafts(ds), PassagesRestored: uint32(restored)}}}
 }
 
 func msgVerdicts(id uint64, vs []aggregator.Verdict) *dragonv1.PeerMessage {

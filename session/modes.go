@@ -121,6 +121,7 @@ func Local(ctx context.Context, opts Options, dec *decoder.Decoder, in Input, em
 		return nil
 	})
 	sum.ForwardPasses, sum.LocalAccepted = res.Steps, res.Spec.AcceptedTokens
+	sum.Restored[opts.Self.Index()] = dec.Restored()
 	switch {
 	case errors.Is(err, errStop):
 		sum.Finish, err = FinishStop, nil
@@ -189,7 +190,9 @@ func ServeSolo(ctx context.Context, opts Options, dec *decoder.Decoder, query st
 	}()
 	step := uint64(0)
 	_, err := Local(ctx, opts, dec, Input{Query: query, Passages: passages}, func(_ int, tok engine.Token) (bool, error) {
-		m := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Tokens: []int32{tok}}}}
+		m := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{
+			SessionId: opts.SessionID, Step: step, Tokens: []int32{tok}, PassagesRestored: uint32(dec.Restored()),
+		}}}
 		step++
 		return false, conn.Send(m)
 	})
@@ -227,6 +230,7 @@ func ReceiveSolo(ctx context.Context, opts Options, conn Conn, emit Emit) (Summa
 		if toks == nil {
 			continue // pings and the like
 		}
+		sum.Restored[aggregator.Cloud.Index()] = max(sum.Restored[aggregator.Cloud.Index()], int(toks.GetPassagesRestored()))
 		if toks.GetStep() != uint64(len(sum.Tokens)) {
 			return sum, fmt.Errorf("%w: cloud tokens from step %d, expected %d", aggregator.ErrProtocol, toks.GetStep(), len(sum.Tokens))
 		}

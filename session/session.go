@@ -181,6 +181,9 @@ type Summary struct {
 	// side's measured, the peer's as its drafts reported) and acceptance
 	// flags per step.
 	Trace *Trace
+	// Restored is, by side (device, cloud), how many passages began from
+	// that side's KV cache, as far as this side knows.
+	Restored [2]int
 }
 
 // Trace records decoding times and acceptance, by side (device, cloud).
@@ -226,6 +229,8 @@ type run struct {
 	plainRTT float64 // ms of the last unpadded ping
 	// heldFrom is the step at which this side last took the aggregator.
 	heldFrom uint64
+	// peerRestored is what the peer's drafts say of its KV cache.
+	peerRestored int
 	// targets are the decided tokens, the end token included; progress is
 	// when the last one was decided (or the generation began).
 	targets  []engine.Token
@@ -502,6 +507,7 @@ func (r *run) handle(m *dragonv1.PeerMessage) error {
 		if ds, err = fromDrafts(r.decode, k.Drafts.GetDrafts()); err != nil {
 			return err
 		}
+		r.peerRestored = max(r.peerRestored, int(k.Drafts.GetPassagesRestored()))
 		for _, d := range ds {
 			r.record(r.opts.Self.Other(), d)
 			r.est.Decode(d.Side(), float64(d.Meta.Context), float64(d.Meta.DecodeMicros)/1000)
@@ -553,7 +559,7 @@ func (r *run) apply(acts []aggregator.Action) error {
 	for _, a := range acts {
 		switch a := a.(type) {
 		case aggregator.SendDrafts:
-			m := msgDrafts(r.opts.SessionID, a.Drafts)
+			m := msgDrafts(r.opts.SessionID, a.Drafts, r.dec.Restored())
 			r.est.Message(proto.Size(m))
 			for i := range a.Drafts {
 				r.opts.Metrics.draftSent(r.decode.Vocab(), len(a.Drafts[i].Payload()))
@@ -768,6 +774,8 @@ func (r *run) fillSummary() {
 	s.LocalAccepted = r.dec.SpecStats().AcceptedTokens
 	s.AbortedPasses = r.aborted.Load()
 	s.Beside = r.beside.Load()
+	s.Restored[r.opts.Self.Index()] = r.dec.Restored()
+	s.Restored[r.opts.Self.Other().Index()] = r.peerRestored
 	s.RTT = time.Duration(r.est.RTTMS() * float64(time.Millisecond))
 }
 

@@ -54,10 +54,12 @@ type sideFlags struct {
 	listen, http                     string
 	drain                            time.Duration
 	grpc                             wire.Config
+	kvCache                          kvCacheFlags
 }
 
-func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile string) {
+func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile string, kvCacheMB int) {
 	fs := cmd.Flags()
+	f.kvCache.register(fs, kvCacheMB)
 	fs.StringVar(&f.listen, "listen", listen, "gRPC address to serve on")
 	fs.StringVar(&f.http, "http", http, "HTTP address for /metrics, /healthz and /readyz (empty: none)")
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
@@ -90,7 +92,7 @@ func (f *sideFlags) validate() error {
 	case f.maxPrompt < 1:
 		return fmt.Errorf("--max-prompt-bytes %d: need at least 1", f.maxPrompt)
 	}
-	return nil
+	return f.kvCache.validate()
 }
 
 // side is what a daemon loaded.
@@ -150,6 +152,10 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	s.registry = prometheus.NewRegistry()
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = session.NewMetrics(s.registry)
+	if s.decoder.Cache, err = f.kvCache.open(f.model, s.registry, log); err != nil {
+		s.close()
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -55,9 +55,16 @@ func startDaemon(t *testing.T, name string, args ...string) *aggbench.Daemon {
 // pair starts a cloud and a device on loopback, one thread each; with
 // latency > 0 the device reaches the cloud through a netsim proxy.
 func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
+	return pairWith(t, latency, nil, nil, nil)
+}
+
+// pairWith is pair with more flags for each daemon; link, when not nil,
+// stands between the device and the cloud (after netsim) and returns the
+// address the device dials.
+func pairWith(t *testing.T, latency time.Duration, cloudArgs, deviceArgs []string, link func(cloudAddr string) string) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
 	model := testmodel.Path(t)
-	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
+	cld := startDaemon(t, "cloud", append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", ""}, cloudArgs...)...)
 	cloudAddr := cld.Addr
 	if latency > 0 {
 		link, err := netsim.NewLink(netsim.Shape{Latency: latency, Jitter: latency / 5}, 1)
@@ -73,8 +80,11 @@ func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *a
 		})
 		cloudAddr = p.Addr()
 	}
-	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "")
+	if link != nil {
+		cloudAddr = link(cloudAddr)
+	}
+	dev := startDaemon(t, "device", append([]string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", ""}, deviceArgs...)...)
 	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })

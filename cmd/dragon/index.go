@@ -114,6 +114,7 @@ files, cut into passages of --chunk-tokens model tokens, a BM25 index and, with
 	stats.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	cmd.AddCommand(build, add, del, stats, newIndexSearchCmd(&fl))
+	cmd.AddCommand(newIndexWarmCmd(&fl))
 	return cmd
 }
 

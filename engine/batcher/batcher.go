@@ -303,13 +303,11 @@ func (e *Executor) TryAcquire() (*Slot, bool) {
 	return e.slots[i], true
 }
 
-// Release empties a slot's sequences and frees it.
+// Release frees a slot. Its sequences keep what they hold: each has a KV
+// stream of its own, so emptying them frees nothing for others, and the
+// slot's next generation may start from what they hold (a conversation's
+// next turn, a popular passage) instead of prefilling it again.
 func (e *Executor) Release(s *Slot) {
-	e.mu.Lock()
-	for i := range s.n {
-		_ = e.c.Truncate(s.base+i, 0)
-	}
-	e.mu.Unlock()
 	e.freeMu.Lock()
 	e.free[s.base/s.n] = true
 	e.busy.Add(-1)

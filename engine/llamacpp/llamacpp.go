@@ -39,6 +39,18 @@ import (
 
 var backendOnce sync.Once
 
+// Build names the llama.cpp this package runs. A sequence state it saves
+// loads only into contexts of the same build and KV settings, so caches of
+// states key on both (KVSettings).
+const Build = "llama.cpp ec98e2002 (ollama v0.17.4)"
+
+// KVSettings are the context settings that change the bytes of a saved
+// sequence state: f16 K and V always, and the V layout, which depends on
+// flash attention, which unified contexts turn off (shim.c).
+func KVSettings(unified bool) []string {
+	return []string{"kv=f16", fmt.Sprintf("unified=%t", unified)}
+}
+
 // Options configure model loading.
 type Options struct {
 	// Threads is the default compute thread count of contexts that don't
