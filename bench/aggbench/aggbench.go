@@ -60,6 +60,11 @@ type Result struct {
 	// PerQuestionMS is each question's time per token, by mode and
 	// latency, in question order: for ratios of modes paired by question.
 	PerQuestionMS map[string]map[string][]float64 `json:"per_question_ms"`
+	// PerQuestionTTFTMS likewise for the time to first token.
+	PerQuestionTTFTMS map[string]map[string][]float64 `json:"per_question_ttft_ms"`
+	// Answers are the answers themselves, likewise (for callers that
+	// compare them).
+	Answers map[string]map[string][]Answer `json:"-"`
 	// Acceptance is the median acceptance rate of each side's drafts in
 	// dragon runs.
 	Acceptance map[string]float64 `json:"acceptance"`
@@ -125,6 +130,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 
 	res := Result{
 		PerTokenMS: map[string]map[string]float64{}, TTFTMS: map[string]map[string]float64{}, PerQuestionMS: map[string]map[string][]float64{},
+		PerQuestionTTFTMS: map[string]map[string][]float64{}, Answers: map[string]map[string][]Answer{},
 		Acceptance: map[string]float64{}, Questions: len(o.Questions),
 	}
 	var accDev, accCloud, switches, tokens []float64
@@ -140,6 +146,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 		per := map[string][]float64{}
 		ttft := map[string][]float64{}
+		answers := map[string][]Answer{}
 		for qi, q := range o.Questions {
 			byMode := map[string]answer{}
 			for _, m := range o.Modes {
@@ -148,6 +155,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					return res, fmt.Errorf("aggbench: %s at %v ms, question %d: %w\ndevice:\n%s\ncloud:\n%s", m.Name, lat, qi, err, device.Logs(), cloud.Logs())
 				}
 				byMode[m.Name] = a
+				answers[m.Name] = append(answers[m.Name], Answer{Tokens: a.tokens, Summary: a.summary})
 				per[m.Name] = append(per[m.Name], a.perToken)
 				ttft[m.Name] = append(ttft[m.Name], timing.MS(a.summary.GetTtft().AsDuration()))
 				if m.Name == "dragon" {
@@ -182,8 +190,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				res.PerTokenMS[m.Name] = map[string]float64{}
 				res.TTFTMS[m.Name] = map[string]float64{}
 				res.PerQuestionMS[m.Name] = map[string][]float64{}
+				res.PerQuestionTTFTMS[m.Name] = map[string][]float64{}
+				res.Answers[m.Name] = map[string][]Answer{}
 			}
 			res.PerQuestionMS[m.Name][key] = per[m.Name]
+			res.PerQuestionTTFTMS[m.Name][key] = ttft[m.Name]
+			res.Answers[m.Name][key] = answers[m.Name]
 			res.PerTokenMS[m.Name][key] = timing.Median(per[m.Name])
 			res.TTFTMS[m.Name][key] = timing.Median(ttft[m.Name])
 		}

@@ -30,11 +30,12 @@ import (
 
 // Options of a run.
 type Options struct {
-	// Latency runs E1–E3, Quality E4, Spec E5; what is not run keeps the
-	// results of the last run that did (dir/experiments/results.json).
-	Latency, Quality, Spec bool
-	QualityOpts            QualityOptions
-	SpecOpts               SpecOptions
+	// Latency runs E1–E3, Cache E2 with the KV cache, Quality E4, Spec
+	// E5; what is not run keeps the results of the last run that did
+	// (dir/experiments/results.json).
+	Latency, Cache, Quality, Spec bool
+	QualityOpts                   QualityOptions
+	SpecOpts                      SpecOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
 	Agg       aggbench.Options
@@ -75,6 +76,8 @@ var (
 type Results struct {
 	// Latency is E1–E3 (nil: never run).
 	Latency *LatencyResults `json:"latency,omitempty"`
+	// Cache is E2 with the KV cache, cold and warm (nil: never run).
+	Cache *CacheResults `json:"cache,omitempty"`
 	// Quality is E4 (nil: never run).
 	Quality *QualityResults `json:"quality,omitempty"`
 	// Spec is E5 (nil: never run).
@@ -141,6 +144,13 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		}
 		res.Latency.Meta = meta(start)
 	}
+	if o.Cache {
+		start := time.Now()
+		if res.Cache, err = cacheTTFT(ctx, o); err != nil {
+			return res, err
+		}
+		res.Cache.Meta = meta(start)
+	}
 	if o.Quality {
 		start := time.Now()
 		q := o.QualityOpts
@@ -176,6 +186,10 @@ func latency(ctx context.Context, o Options) (*LatencyResults, error) {
 	agg := o.Agg
 	agg.LatencyMS = o.LatencyMS
 	agg.Modes = append(slices.Clone(latencyModes), strategyModes...)
+	// Every mode asks every question: with KV caches the modes after the
+	// first would find its passages prefilled. E1–E3 compare the modes
+	// themselves, so the caches are off; E2 with the cache is its own part.
+	agg.DaemonFlags = append(slices.Clone(agg.DaemonFlags), "--kv-cache-mb", "0")
 	agg.Log = o.Log
 	real, err := aggbench.Run(ctx, agg)
 	if err != nil {
@@ -237,6 +251,11 @@ func Write(dir string, r Results) error {
 	}
 	if l := r.Latency; l != nil {
 		if err := writeLatency(out, l); err != nil {
+			return err
+		}
+	}
+	if c := r.Cache; c != nil {
+		if err := writeCache(out, c); err != nil {
 			return err
 		}
 	}

@@ -131,7 +131,9 @@ func report(r Results) string {
 			}
 		}
 		pr(" near dragon's TTFT at 0 ms wherever the round trip is what is left.\n")
-		pr("- At L = %s ms: context / dragon TTFT = %.2f (target ≥ 3).\n\n", last, ratio(l.TTFTMS, "context", "dragon", last))
+		pr("- At L = %s ms: context / dragon TTFT = %.2f (target ≥ 3).\n", last, ratio(l.TTFTMS, "context", "dragon", last))
+		pr("- E1–E3 run with the daemons' KV caches off (`--kv-cache-mb 0`): every mode asks every question, and with the caches on the modes after the first would find its passages prefilled. E2 with the cache follows.\n\n")
+		cacheReport(pr, r.Cache)
 
 		pr("### E3: where to aggregate (DRAGON Fig. 8)\n\n![E3 real](experiments/e3-real.png) ![E3 simulator](experiments/e3-sim.png)\n\n")
 		table("Real runs: dragon mode with each placement strategy, median time per token", "ms", "L = ", keys, strategies, l.RealMS)

@@ -30,8 +30,10 @@ func newBenchExpCmd() *cobra.Command {
 and 1, one thread each, the link through netsim with one-way latency L and
 jitter L/5) and asks each question in every mode (dragon, tw, sw,
 device-only, cloud-only, context, kv) and in dragon mode with each placement
-strategy, at each L; then replays the placement strategies in the
-simulator (latency). E4 (quality) holds windows of the State of the Union
+strategy, at each L, with the KV caches off; then replays the placement
+strategies in the simulator (latency). E2 with the KV cache (cache) runs the
+E2 modes at each L on fresh daemons with their caches on, each question
+cold and then again warm. E4 (quality) holds windows of the State of the Union
 corpus out, splits the rest between a device and a cloud BM25 index, and
 measures the perplexity of each window's second half given its first for
 each method and passages per side, in this process. E5 (spec) answers
@@ -46,13 +48,15 @@ first (make experiments does all of it).`,
 				switch strings.TrimSpace(e) {
 				case "latency":
 					o.Latency = true
+				case "cache":
+					o.Cache = true
 				case "quality":
 					o.Quality = true
 				case "spec":
 					o.Spec = true
 				case "report": // run nothing: regenerate the report from results.json
 				default:
-					return fmt.Errorf("--only %q: latency, quality, spec, a comma-separated list of them, or report", e)
+					return fmt.Errorf("--only %q: latency, cache, quality, spec, a comma-separated list of them, or report", e)
 				}
 			}
 			var err error
@@ -114,7 +118,7 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
-	f.StringVar(&only, "only", "latency,quality,spec", "parts to run: latency (E1–E3), quality (E4), spec (E5); the others keep their last results (report: run none, regenerate the report)")
+	f.StringVar(&only, "only", "latency,cache,quality,spec", "parts to run: latency (E1–E3), cache (E2 with the KV cache, cold and warm), quality (E4), spec (E5); the others keep their last results (report: run none, regenerate the report)")
 	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
 	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
 	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
