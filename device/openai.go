@@ -416,7 +416,11 @@ type usage struct {
 
 func (o *OpenAI) usage(g *dragonv1.GenerateRequest, completion int) usage {
 	n := 0
-	for _, s := range []string{g.GetSystem(), g.GetPrompt()} {
+	texts := []string{g.GetSystem(), g.GetPrompt()}
+	for _, t := range g.GetHistory() {
+		texts = append(texts, t.GetContent()) // the conversation is prompt too
+	}
+	for _, s := range texts {
 		if toks, err := o.srv.cfg.Model.Tokenize(s, false, false); err == nil {
 			n += len(toks)
 		}
