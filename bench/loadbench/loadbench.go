@@ -54,14 +54,24 @@ type Options struct {
 	// one per passage (the same retrieval and prompt code as the cloud).
 	Prompts func(ctx context.Context, query string) ([][]engine.Token, error)
 	// Questions are asked round-robin: client i's r-th request is question
-	// (i·Requests + r) mod len(Questions).
-	Questions   []string
+	// (i·Requests + r) mod len(Questions), unless Pick is set.
+	Questions []string
+	// Pick, when set, chooses the question of client c's r-th request
+	// when n clients run at once, as an index into Questions; then only
+	// the questions picked get prompts for the replay.
+	Pick        func(n, c, r int) int
 	Concurrency []int
 	Requests    int // per client
 	MaxTokens   int
 	Passages    int
 	// CloudFlags are more flags for the cloud daemon.
 	CloudFlags []string
+	// NoReplay skips the engine replay (EngineTokS stays empty and
+	// Prompts may be nil).
+	NoReplay bool
+	// Metrics are metric families of the cloud's /metrics to read after
+	// each concurrency (Result.CloudMetrics).
+	Metrics []string
 	// Spec turns the cloud's local speculative decoding on (then its rows
 	// differ from the replay's, which decodes plainly).
 	Spec bool
@@ -95,6 +105,10 @@ type Result struct {
 	Answers         map[string]int     `json:"answers"`
 	Tokens          map[string]int     `json:"tokens"`
 	FirstError      string             `json:"first_error,omitempty"`
+	// CloudMetrics are the samples of Options.Metrics (name with labels:
+	// value), as the cloud reported them after each concurrency: totals
+	// since the cloud started.
+	CloudMetrics map[string]map[string]float64 `json:"cloud_metrics,omitempty"`
 }
 
 // job is one answered request, as the replay needs it.
@@ -116,9 +130,31 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		TokS: map[string]float64{}, P50MS: map[string]float64{}, P99MS: map[string]float64{}, TTFTMS: map[string]float64{},
 		Errors: map[string]int{}, EngineTokS: map[string]float64{}, SessionsPerTick: map[string]float64{}, Answers: map[string]int{}, Tokens: map[string]int{},
 	}
+	pick := o.Pick
+	if pick == nil {
+		pick = func(_, c, r int) int { return (c*o.Requests + r) % len(o.Questions) }
+	}
 	// The prompts first, before anything is timed.
 	prompts := make([][][]engine.Token, len(o.Questions))
+	used := make([]bool, len(o.Questions))
+	for i := range used {
+		used[i] = o.Pick == nil
+	}
+	for _, n := range o.Concurrency {
+		for c := range n {
+			for r := range o.Requests {
+				qi := pick(n, c, r)
+				if qi < 0 || qi >= len(o.Questions) {
+					return res, fmt.Errorf("loadbench: %d clients, client %d, request %d: question %d of %d", n, c, r, qi, len(o.Questions))
+				}
+				used[qi] = true
+			}
+		}
+	}
 	for i, q := range o.Questions {
+		if o.NoReplay || !used[i] {
+			continue
+		}
 		p, err := o.Prompts(ctx, q)
 		if err != nil {
 			return res, fmt.Errorf("loadbench: prompts of %q: %w", q, err)
@@ -172,7 +208,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			go func() {
 				defer wg.Done()
 				for r := range o.Requests {
-					qi := (c*o.Requests + r) % len(o.Questions)
+					qi := pick(n, c, r)
 					id := uint64(n)<<32 | uint64(c)<<16 | uint64(r)
 					began := time.Now()
 					sum, err := ask(ctx, peer, hello, id, o.Questions[qi], o.MaxTokens, o.Passages)
@@ -211,9 +247,22 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		o.Log("%d clients: %d answers, %d tokens in %.1f s: %.1f tok/s, gap p50 %.1f ms p99 %.1f ms, %d errors",
 			n, n*o.Requests-errs, tokens, wall.Seconds(), res.TokS[key], res.P50MS[key], res.P99MS[key], errs)
 		o.Log("%d clients: %.2f sessions per forward pass", n, res.SessionsPerTick[key])
+		if len(o.Metrics) > 0 {
+			m, err := scrape(ctx, cloud.HTTPAddr(), o.Metrics)
+			if err != nil {
+				return res, fmt.Errorf("loadbench: the cloud's metrics: %w", err)
+			}
+			if res.CloudMetrics == nil {
+				res.CloudMetrics = map[string]map[string]float64{}
+			}
+			res.CloudMetrics[key] = m
+		}
 	}
 	if err := cloud.Stop(10 * time.Second); err != nil {
 		return res, err
+	}
+	if o.NoReplay {
+		return res, nil
 	}
 
 	// The ceiling, on the cloud's core now that it is free.
@@ -315,4 +364,61 @@ func batchSessions(ctx context.Context, addr string) (ticks, sessions float64, e
 		}
 	}
 	return ticks, sessions, nil
+}
+
+// scrape reads the samples of the metric families names from the text
+// exposition at addr/metrics: sample name with its labels -> value.
+func scrape(ctx context.Context, addr string, names []string) (map[string]float64, error) {
+	if addr == "" {
+		return nil, errors.New("no metrics address")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	return ParseMetrics(string(body), names)
+}
+
+// ParseMetrics picks the samples of the metric families names out of a
+// Prometheus text exposition: sample name with its labels -> value.
+// Families with suffixed samples (histograms: _bucket, _sum, _count)
+// match by their family name.
+func ParseMetrics(body string, names []string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		sample, value := line[:i], line[i+1:]
+		family, _, _ := strings.Cut(sample, "{")
+		want := false
+		for _, n := range names {
+			if family == n || strings.HasPrefix(family, n+"_") && slices.Contains([]string{"bucket", "sum", "count", "total"}, family[len(n)+1:]) {
+				want = true
+				break
+			}
+		}
+		if !want {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return nil, fmt.Errorf("metric %s: %w", sample, err)
+		}
+		out[sample] = v
+	}
+	return out, nil
 }
