@@ -179,6 +179,14 @@ type Decoder struct {
 		system string
 		n      int
 	}
+	// During a Begin with a cache: known[s] are the cached logits after
+	// sequence s's whole prompt (nil: decode its last row), and lastRow[s]
+	// the logits of the last row decoded for s, kept so that each
+	// sequence's distribution joins the mixture in sequence order whether
+	// it was decoded or cached (the mixture's sums then match a plain
+	// prefill's bit for bit).
+	known, lastRow [][]float32
+	ordered        bool
 }
 
 // New creates a decoder and its engine context.
@@ -355,6 +363,13 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.gen = d.gen[:0]
 	d.own, d.restored = own, 0
 	d.held = make([]int, len(d.prompts))
+	d.known = make([][]float32, len(d.prompts))
+	for len(d.lastRow) < len(d.prompts) {
+		d.lastRow = append(d.lastRow, nil)
+	}
+	for s := range d.lastRow {
+		d.lastRow[s] = d.lastRow[s][:0]
+	}
 	cached := d.cacheable(calib != nil)
 	for s := range d.opts.MaxPassages * d.branches {
 		if cached && s < own {
@@ -377,6 +392,8 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.nextValid = false
 	d.stats = specdec.Stats{}
 	before := append([]int(nil), d.held...)
+	d.ordered = cached
+	defer func() { d.ordered, d.known = false, nil }()
 	if err := d.forward(ctx, nil, false, calib); err != nil {
 		return err
 	}
@@ -509,6 +526,9 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 		// token: when the KV holds that token already (after a Rewind),
 		// decode it again.
 		for s, p := range d.prompts {
+			if s < len(d.known) && d.known[s] != nil {
+				continue // its distribution came with its cached prefix
+			}
 			if last := len(p) + len(d.gen) - 1; d.held[s] > last {
 				if err := d.ectx.Truncate(s, last); err != nil {
 					return fmt.Errorf("decoder: sequence %d: %w", s, err)
@@ -554,7 +574,11 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 	if err := flush(); err != nil {
 		return d.undo(saved, err)
 	}
-	if rows == 0 {
+	if d.ordered {
+		if err := d.mixOrdered(); err != nil {
+			return d.undo(saved, err)
+		}
+	} else if rows == 0 {
 		return fmt.Errorf("decoder: internal error: nothing to decode for the next position")
 	}
 	for s, p := range d.prompts {
@@ -610,12 +634,39 @@ func (d *Decoder) decodeBatch(ctx context.Context, wants []rowWant, calRows [][]
 		if w.out < 0 {
 			continue
 		}
+		if d.ordered {
+			// Mixed in sequence order once every row is in (mixOrdered).
+			var err error
+			if d.lastRow[w.seq], err = d.ectx.Logits(row, d.lastRow[w.seq]); err != nil {
+				return wants, err
+			}
+			continue
+		}
 		if err := d.mixRow(row, w.out, w.seq); err != nil {
 			return wants, err
 		}
 	}
 	d.batch.Reset()
 	return wants[:0], nil
+}
+
+// mixOrdered mixes each sequence's next-token distribution after its
+// prompt, cached or just decoded, in sequence order: the order plain
+// prefill mixes them in.
+func (d *Decoder) mixOrdered() error {
+	for s := range d.prompts {
+		logits := d.lastRow[s]
+		if s < len(d.known) && d.known[s] != nil {
+			logits = d.known[s]
+		}
+		if len(logits) == 0 {
+			return fmt.Errorf("decoder: internal error: no distribution for sequence %d", s)
+		}
+		if _, err := vecmath.SoftmaxMix(d.mixes[0], logits, d.w[s]); err != nil {
+			return fmt.Errorf("decoder: passage %d: %w", s, err)
+		}
+	}
+	return nil
 }
 
 // mixRow adds batch row row's next-token distribution, weighted by passage

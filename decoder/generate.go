@@ -135,7 +135,12 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	}
 	var draft specdec.Draft
 	plan := specdec.Plan{}
-	if specOn {
+	// After a Begin the distribution of the next token is known already
+	// (prefilled, or cached with its prefix): that token is decided for
+	// free and goes out at once rather than after a verification pass;
+	// speculation resumes from the next step.
+	free := d.nextValid
+	if specOn && !free {
 		draft = d.drafter.Draft()
 		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1, limit-1))]
 		plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
@@ -155,7 +160,11 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 		}
 		d.steps++
 		d.Push(tok)
-		if specOn {
+		if specOn && free {
+			if err := d.drafter.Append(tok); err != nil {
+				return nil, err
+			}
+		} else if specOn {
 			if d.opts.SpecTrace != nil {
 				d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - 1, Draft: draft})
 			}

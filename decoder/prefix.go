@@ -3,6 +3,7 @@ package decoder
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/dragon-rag/dragon/engine"
@@ -74,7 +75,8 @@ func (d *Decoder) templateStart() int {
 
 // reuse starts sequence s of the new generation from the longest prefix
 // of its prompt that it still holds or that the cache has; at least the
-// prompt's last token is left to decode, for its logits.
+// prompt's last token is left to decode, for its logits, unless the cache
+// has them too.
 func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 	prompt := d.prompts[s]
 	limit := len(prompt) - 1
@@ -85,12 +87,26 @@ func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 		inContext = min(commonPrefix(resident[s], prompt), limit, d.ectx.SeqLen(s))
 	}
 	counts := d.templateStart() + kvcache.BlockTokens
-	if hit, ok := d.opts.Cache.Lookup(prompt[:limit], inContext, counts); ok {
+	if inContext == limit && len(resident[s]) >= len(prompt) && resident[s][limit] == prompt[limit] && d.ectx.SeqLen(s) >= len(prompt) {
+		// The sequence holds the whole prompt: with its cached logits,
+		// nothing is decoded or copied.
+		if logits := d.opts.Cache.LogitsAfter(prompt); logits != nil {
+			if err := d.ectx.Truncate(s, len(prompt)); err != nil {
+				return err
+			}
+			d.held[s], d.known[s] = len(prompt), logits
+			d.opts.Cache.CountContextHit()
+			d.restored++
+			return nil
+		}
+	}
+	if hit, ok := d.opts.Cache.Lookup(prompt, inContext, counts); ok {
 		start := time.Now()
 		err := d.restore(s, hit)
 		if err == nil {
 			d.opts.Cache.ObserveRestore(time.Since(start))
 			d.held[s] = hit.Match
+			d.known[s] = hit.Logits
 			if hit.Match >= counts {
 				d.restored++
 			}
@@ -135,18 +151,27 @@ func (d *Decoder) restore(s int, hit kvcache.Hit) error {
 	return nil
 }
 
-// keepPrompts caches the prompts that were not wholly restored, now that
-// the prefill holds them; held says what each sequence held before it.
+// keepPrompts caches the prompts whose distribution was decoded, now that
+// the prefill holds them, with the logits of their last row; held says
+// what each sequence held before it.
 func (d *Decoder) keepPrompts(held []int) {
 	for s := range d.own {
-		if p := d.prompts[s]; held[s] < len(p)-1 && d.held[s] == len(p) {
-			d.keep(s, p)
+		p := d.prompts[s]
+		if d.known[s] != nil || d.held[s] != len(p) || len(d.lastRow[s]) == 0 {
+			continue
 		}
+		logits := kvcache.Logits{At: len(p), Values: slices.Clone(d.lastRow[s])}
+		if held[s] == len(p)-1 && d.opts.Cache.Put(p, nil, logits) {
+			// Only the last row was decoded and the cache holds the
+			// state already: now its logits too.
+			continue
+		}
+		d.keep(s, p, logits)
 	}
 }
 
 // keep caches what sequence s holds, which is toks.
-func (d *Decoder) keep(s int, toks []engine.Token) {
+func (d *Decoder) keep(s int, toks []engine.Token, ends ...kvcache.Logits) {
 	if len(toks) < kvcache.BlockTokens {
 		return
 	}
@@ -155,7 +180,7 @@ func (d *Decoder) keep(s int, toks []engine.Token) {
 		slog.Warn("kv cache: could not save a sequence's state", "sequence", s, "err", err)
 		return
 	}
-	d.opts.Cache.Put(toks, state)
+	d.opts.Cache.Put(toks, state, ends...)
 }
 
 // Retain caches what each of this generation's own sequences holds, prompt

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,9 @@ import (
 //	version  uint32   FormatVersion
 //	ns       uint32 length, then the namespace
 //	tokens   uint32 count, then int32 each
-//	state    uint64 length, then the state bytes
+//	lengths  uint64 state bytes, uint64 logits bytes
+//	state    the state bytes
+//	logits   uint32 count, then each: uint32 At, uint32 n, n float32
 //	crc      uint32   CRC-32C of everything before it
 //
 // little-endian. The header alone (read at start-up) says whose entry it
@@ -33,7 +36,7 @@ import (
 const (
 	magic = "DRGNKV\x00\x01"
 	// FormatVersion changes whenever the layout above does.
-	FormatVersion uint32 = 1
+	FormatVersion uint32 = 2
 	fileExt              = ".kv"
 	// maxTokens bounds a header's token count, so a corrupt count cannot
 	// make the scan allocate gigabytes.
@@ -131,75 +134,86 @@ func (d *diskStore) readHeader(name string) ([]engine.Token, int64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	toks, stateLen, hdr, err := d.parseHeader(bufio.NewReader(f))
+	toks, stateLen, logitsLen, hdr, err := d.parseHeader(bufio.NewReader(f))
 	if err != nil {
 		return nil, 0, err
 	}
-	if want := hdr + int64(stateLen) + 4; st.Size() != want {
+	if want := hdr + int64(stateLen) + int64(logitsLen) + 4; st.Size() != want {
 		return nil, 0, fmt.Errorf("truncated or padded: %d bytes, the header says %d", st.Size(), want)
 	}
 	return toks, st.Size(), nil
 }
 
 // parseHeader reads everything before the state; hdr is its length.
-func (d *diskStore) parseHeader(r io.Reader) (toks []engine.Token, stateLen uint64, hdr int64, err error) {
+func (d *diskStore) parseHeader(r io.Reader) (toks []engine.Token, stateLen, logitsLen uint64, hdr int64, err error) {
 	var m [8]byte
 	if _, err := io.ReadFull(r, m[:]); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if string(m[:]) != magic {
-		return nil, 0, 0, errors.New("not a dragon KV cache entry (bad magic)")
+		return nil, 0, 0, 0, errors.New("not a dragon KV cache entry (bad magic)")
 	}
 	var version, nsLen uint32
 	if err := binary.Read(r, binary.LittleEndian, &version); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if version != FormatVersion {
-		return nil, 0, 0, fmt.Errorf("format version %d, this build reads %d", version, FormatVersion)
+		return nil, 0, 0, 0, fmt.Errorf("format version %d, this build reads %d", version, FormatVersion)
 	}
 	if err := binary.Read(r, binary.LittleEndian, &nsLen); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if nsLen != uint32(len(d.ns)) {
-		return nil, 0, 0, errForeign
+		return nil, 0, 0, 0, errForeign
 	}
 	ns := make([]byte, nsLen)
 	if _, err := io.ReadFull(r, ns); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if string(ns) != d.ns {
-		return nil, 0, 0, errForeign
+		return nil, 0, 0, 0, errForeign
 	}
 	var n uint32
 	if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if n == 0 || n > maxTokens {
-		return nil, 0, 0, fmt.Errorf("header: %d tokens", n)
+		return nil, 0, 0, 0, fmt.Errorf("header: %d tokens", n)
 	}
 	toks = make([]engine.Token, n)
 	if err := binary.Read(r, binary.LittleEndian, toks); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
 	if err := binary.Read(r, binary.LittleEndian, &stateLen); err != nil {
-		return nil, 0, 0, fmt.Errorf("header: %w", err)
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
-	if stateLen == 0 || stateLen > 1<<40 {
-		return nil, 0, 0, fmt.Errorf("header: a state of %d bytes", stateLen)
+	if err := binary.Read(r, binary.LittleEndian, &logitsLen); err != nil {
+		return nil, 0, 0, 0, fmt.Errorf("header: %w", err)
 	}
-	hdr = int64(8 + 4 + 4 + len(ns) + 4 + 4*len(toks) + 8)
-	return toks, stateLen, hdr, nil
+	if stateLen == 0 || stateLen > 1<<40 || logitsLen < 4 || logitsLen > 1<<40 {
+		return nil, 0, 0, 0, fmt.Errorf("header: a state of %d bytes, logits of %d", stateLen, logitsLen)
+	}
+	hdr = int64(8 + 4 + 4 + len(ns) + 4 + 4*len(toks) + 8 + 8)
+	return toks, stateLen, logitsLen, hdr, nil
 }
 
 // fileSize is the size of an entry's file.
-func (d *diskStore) fileSize(toks []engine.Token, stateLen int) int64 {
-	return int64(8 + 4 + 4 + len(d.ns) + 4 + 4*len(toks) + 8 + stateLen + 4)
+func (d *diskStore) fileSize(toks []engine.Token, stateLen int, ends []Logits) int64 {
+	return int64(8+4+4+len(d.ns)+4+4*len(toks)+8+8+stateLen) + logitsFileBytes(ends) + 4
+}
+
+func logitsFileBytes(ends []Logits) int64 {
+	n := int64(4)
+	for _, l := range ends {
+		n += 8 + 4*int64(len(l.Values))
+	}
+	return n
 }
 
 // encode lays an entry out as a file's bytes.
-func (d *diskStore) encode(toks []engine.Token, state []byte) []byte {
+func (d *diskStore) encode(toks []engine.Token, state []byte, ends []Logits) []byte {
 	var b bytes.Buffer
-	b.Grow(int(d.fileSize(toks, len(state))))
+	b.Grow(int(d.fileSize(toks, len(state), ends)))
 	b.WriteString(magic)
 	le := binary.LittleEndian
 	b.Write(le.AppendUint32(nil, FormatVersion))
@@ -210,16 +224,25 @@ func (d *diskStore) encode(toks []engine.Token, state []byte) []byte {
 		b.Write(le.AppendUint32(nil, uint32(t)))
 	}
 	b.Write(le.AppendUint64(nil, uint64(len(state))))
+	b.Write(le.AppendUint64(nil, uint64(logitsFileBytes(ends))))
 	b.Write(state)
+	b.Write(le.AppendUint32(nil, uint32(len(ends))))
+	for _, l := range ends {
+		b.Write(le.AppendUint32(nil, uint32(l.At)))
+		b.Write(le.AppendUint32(nil, uint32(len(l.Values))))
+		for _, v := range l.Values {
+			b.Write(le.AppendUint32(nil, math.Float32bits(v)))
+		}
+	}
 	b.Write(le.AppendUint32(nil, crc32.Checksum(b.Bytes(), crcTable)))
 	return b.Bytes()
 }
 
 // store writes an entry atomically (a temporary file renamed into place)
 // and returns its name and size.
-func (d *diskStore) store(toks []engine.Token, state []byte) (string, int64, error) {
+func (d *diskStore) store(toks []engine.Token, state []byte, ends []Logits) (string, int64, error) {
 	name := d.fileName(toks)
-	data := d.encode(toks, state)
+	data := d.encode(toks, state, ends)
 	f, err := os.CreateTemp(d.dir, name+".*.tmp")
 	if err != nil {
 		return "", 0, err
@@ -237,32 +260,68 @@ func (d *diskStore) store(toks []engine.Token, state []byte) (string, int64, err
 	return name, int64(len(data)), nil
 }
 
-// load reads an entry's state, checking its checksum and that it holds
-// the tokens the index says.
-func (d *diskStore) load(name string, want []engine.Token) ([]byte, error) {
+// load reads an entry's state and logits, checking its checksum and that
+// it holds the tokens the index says.
+func (d *diskStore) load(name string, want []engine.Token) ([]byte, []Logits, error) {
 	data, err := os.ReadFile(filepath.Join(d.dir, name))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(data) < 4 {
-		return nil, errors.New("truncated")
+		return nil, nil, errors.New("truncated")
 	}
 	body, sum := data[:len(data)-4], binary.LittleEndian.Uint32(data[len(data)-4:])
 	r := bytes.NewReader(body)
-	toks, stateLen, hdr, err := d.parseHeader(r)
+	toks, stateLen, logitsLen, hdr, err := d.parseHeader(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if int64(len(body)) != hdr+int64(stateLen) {
-		return nil, fmt.Errorf("truncated or padded: %d bytes, the header says %d", len(data), hdr+int64(stateLen)+4)
+	if int64(len(body)) != hdr+int64(stateLen)+int64(logitsLen) {
+		return nil, nil, fmt.Errorf("truncated or padded: %d bytes, the header says %d", len(data), hdr+int64(stateLen)+int64(logitsLen)+4)
 	}
 	if crc32.Checksum(body, crcTable) != sum {
-		return nil, errors.New("checksum mismatch (corrupt)")
+		return nil, nil, errors.New("checksum mismatch (corrupt)")
 	}
 	if commonPrefix(toks, want) != len(want) || len(toks) != len(want) {
-		return nil, errors.New("holds other tokens than its index entry")
+		return nil, nil, errors.New("holds other tokens than its index entry")
 	}
-	return body[hdr:], nil
+	state := body[hdr : hdr+int64(stateLen)]
+	ends, err := parseLogits(body[hdr+int64(stateLen):], len(toks))
+	if err != nil {
+		return nil, nil, err
+	}
+	return state, ends, nil
+}
+
+// parseLogits reads the logits section of an entry of n tokens.
+func parseLogits(b []byte, n int) ([]Logits, error) {
+	le := binary.LittleEndian
+	if len(b) < 4 {
+		return nil, errors.New("logits: truncated")
+	}
+	count := le.Uint32(b)
+	b = b[4:]
+	var ends []Logits
+	for range count {
+		if len(b) < 8 {
+			return nil, errors.New("logits: truncated")
+		}
+		at, k := int(le.Uint32(b)), int(le.Uint32(b[4:]))
+		b = b[8:]
+		if at < 1 || at > n || len(b) < 4*k {
+			return nil, fmt.Errorf("logits after %d of %d tokens, %d values, %d bytes left", at, n, k, len(b))
+		}
+		v := make([]float32, k)
+		for i := range v {
+			v[i] = math.Float32frombits(le.Uint32(b[4*i:]))
+		}
+		b = b[4*k:]
+		ends = append(ends, Logits{At: at, Values: v})
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("logits: %d bytes left over", len(b))
+	}
+	return ends, nil
 }
 
 func (d *diskStore) remove(name string) {

@@ -3,8 +3,11 @@ package kvcache_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"log/slog"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,14 +21,25 @@ import (
 	"github.com/dragon-rag/dragon/kvcache"
 )
 
-// fileSize is the size of an entry's file (see the layout in disk.go).
-func fileSize(namespace string, tokens, stateBytes int) int64 {
-	return int64(8 + 4 + 4 + len(namespace) + 4 + 4*tokens + 8 + stateBytes + 4)
+// fileSize is the size of an entry's file (see the layout in disk.go)
+// with logits of len(logits) entries, logits[i] values each.
+func fileSize(namespace string, tokens, stateBytes int, logits ...int) int64 {
+	return int64(headerSize(namespace, tokens)+stateBytes) + logitsSize(logits...) + 4
 }
 
 // headerSize is the offset of the state in an entry's file.
 func headerSize(namespace string, tokens int) int {
-	return 8 + 4 + 4 + len(namespace) + 4 + 4*tokens + 8
+	return 8 + 4 + 4 + len(namespace) + 4 + 4*tokens + 8 + 8
+}
+
+// logitsSize is the size of a logits section of len(logits) entries,
+// logits[i] values each.
+func logitsSize(logits ...int) int64 {
+	n := int64(4)
+	for _, k := range logits {
+		n += 8 + 4*int64(k)
+	}
+	return n
 }
 
 // kvFiles lists the entry files in dir.
@@ -85,17 +99,39 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// TestDiskFileFormat: an entry's file is laid out as disk.go documents.
+// TestDiskFileFormat: an entry's file is laid out as disk.go documents,
+// without logits and with them (in the order put).
 func TestDiskFileFormat(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ends []kvcache.Logits
+	}{
+		{"no logits", nil},
+		{"logits", []kvcache.Logits{
+			{At: 20, Values: []float32{1.5, -2, float32(math.Inf(1)), 0, math.SmallestNonzeroFloat32}},
+			{At: 16, Values: []float32{math.MaxFloat32}},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkFileFormat(t, tc.ends)
+		})
+	}
+}
+
+func checkFileFormat(t *testing.T, ends []kvcache.Logits) {
 	dir := t.TempDir()
 	c := diskCache(t, dir, 0, 1<<20, nil)
 	toks := seq(3, 20)
 	state := []byte("0123456789abcdefghijklmnopqrstuvwxyz")
-	c.Put(toks, state)
+	c.Put(toks, state, ends...)
 	path := onlyFile(t, dir)
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	require.Len(t, b, int(fileSize(ns, len(toks), len(state))))
+	var counts []int
+	for _, l := range ends {
+		counts = append(counts, len(l.Values))
+	}
+	require.Len(t, b, int(fileSize(ns, len(toks), len(state), counts...)))
 	assert.Equal(t, int64(len(b)), c.Stats().DiskBytes)
 
 	le := binary.LittleEndian
@@ -111,11 +147,25 @@ func TestDiskFileFormat(t *testing.T) {
 		assert.Equal(t, tok, engine.Token(le.Uint32(b[p+4*i:])))
 	}
 	p += 4 * len(toks)
-	require.Equal(t, uint64(len(state)), le.Uint64(b[p:]))
+	require.Equal(t, uint64(len(state)), le.Uint64(b[p:]), "state bytes")
+	p += 8
+	require.Equal(t, uint64(logitsSize(counts...)), le.Uint64(b[p:]), "logits bytes")
 	p += 8
 	assert.Equal(t, headerSize(ns, len(toks)), p)
 	assert.Equal(t, state, b[p:p+len(state)])
 	p += len(state)
+	require.Equal(t, uint32(len(ends)), le.Uint32(b[p:]), "logits count")
+	p += 4
+	for _, l := range ends {
+		assert.Equal(t, uint32(l.At), le.Uint32(b[p:]), "At")
+		require.Equal(t, uint32(len(l.Values)), le.Uint32(b[p+4:]), "values")
+		p += 8
+		for _, v := range l.Values {
+			assert.Equal(t, math.Float32bits(v), le.Uint32(b[p:]), "float32 bits")
+			p += 4
+		}
+	}
+	require.Equal(t, len(b)-4, p)
 	assert.Equal(t, crc32.Checksum(b[:p], crc32.MakeTable(crc32.Castagnoli)), le.Uint32(b[p:]), "CRC-32C of all before it")
 	des, err := os.ReadDir(dir)
 	require.NoError(t, err)
@@ -172,7 +222,8 @@ func TestDiskSurvivesRestart(t *testing.T) {
 		require.True(t, ok, name)
 		assert.Equal(t, kvcache.Disk, hit.Tier, name)
 		assert.Equal(t, e.state, hit.State, name)
-		assert.Equal(t, len(e.toks), hit.Match, name)
+		assert.Equal(t, len(e.toks)-1, hit.Match, name+": no logits, the last token to decode")
+		assert.Nil(t, hit.Logits, name)
 		assert.Equal(t, len(e.toks), hit.Positions, name)
 	}
 	hit, ok = look(c2, seq(4, 32))
@@ -305,58 +356,295 @@ func TestDiskRefusals(t *testing.T) {
 		}, true, "tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			diskCache(t, dir, 1<<20, 1<<20, nil).Put(toks, state)
-			path := onlyFile(t, dir)
-			b, err := os.ReadFile(path)
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(path, tc.damage(b), 0o644))
-
-			var logs bytes.Buffer
-			c := diskCache(t, dir, 0, 1<<20, textLog(&logs))
-			st := c.Stats()
-			if tc.atScan {
-				assert.Equal(t, kvcache.Stats{Refused: 1}, st)
-				assert.False(t, exists(path), "removed, so that it is recomputed")
-				require.Len(t, logLines(&logs), 1, logs.String())
-			} else {
-				assert.Equal(t, kvcache.Stats{Entries: 1, DiskBytes: int64(len(b))}, st, "the scan reads headers only")
-				assert.Empty(t, logs.String())
-			}
-
-			hit, ok := look(c, toks)
-			assert.False(t, ok)
-			assert.Equal(t, kvcache.Hit{}, hit)
-			_, ok = look(c, toks)
-			assert.False(t, ok, "refused once, then gone")
-			st = c.Stats()
-			assert.Equal(t, uint64(1), st.Refused)
-			assert.Zero(t, st.Entries)
-			assert.Zero(t, st.DiskBytes)
-			assert.Zero(t, st.MemoryBytes)
-			assert.False(t, exists(path))
-			lines := logLines(&logs)
-			require.Len(t, lines, 1, "one line per bad entry: %s", logs.String())
-			assert.Contains(t, lines[0], "level=WARN")
-			assert.Contains(t, lines[0], "refusing")
-			assert.Contains(t, lines[0], filepath.Base(path))
-			assert.Contains(t, lines[0], tc.log)
-
-			// Recomputed: the next Put writes a valid file that a
-			// restart hits.
-			c.Put(toks, state)
-			assert.True(t, exists(path))
-			assert.Equal(t, fileSize(ns, 32, 320), c.Stats().DiskBytes)
-			var logs2 bytes.Buffer
-			c2 := diskCache(t, dir, 0, 1<<20, textLog(&logs2))
-			hit, ok = look(c2, toks)
-			require.True(t, ok)
-			assert.Equal(t, kvcache.Disk, hit.Tier)
-			assert.Equal(t, state, hit.State)
-			assert.Zero(t, c2.Stats().Refused)
-			assert.Empty(t, logs2.String())
+			checkRefusal(t, toks, state, nil, tc.damage, tc.atScan, tc.log)
 		})
 	}
+}
+
+// checkRefusal puts toks, state and ends in a cache directory, damages the
+// entry's file and checks that it is refused (by New if atScan, else by
+// Lookup) with one log line holding log, gives no hit, is removed, and is
+// recomputed: a later Put writes a valid file that a restart hits.
+func checkRefusal(t *testing.T, toks []engine.Token, state []byte, ends []kvcache.Logits, damage func([]byte) []byte, atScan bool, log string) {
+	t.Helper()
+	dir := t.TempDir()
+	diskCache(t, dir, 1<<20, 1<<20, nil).Put(toks, state, ends...)
+	path := onlyFile(t, dir)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, damage(b), 0o644))
+
+	var logs bytes.Buffer
+	c := diskCache(t, dir, 0, 1<<20, textLog(&logs))
+	st := c.Stats()
+	if atScan {
+		assert.Equal(t, kvcache.Stats{Refused: 1}, st)
+		assert.False(t, exists(path), "removed, so that it is recomputed")
+		require.Len(t, logLines(&logs), 1, logs.String())
+	} else {
+		assert.Equal(t, kvcache.Stats{Entries: 1, DiskBytes: int64(len(b))}, st, "the scan reads headers only")
+		assert.Empty(t, logs.String())
+	}
+
+	hit, ok := look(c, toks)
+	assert.False(t, ok)
+	assert.Equal(t, kvcache.Hit{}, hit)
+	_, ok = look(c, toks)
+	assert.False(t, ok, "refused once, then gone")
+	st = c.Stats()
+	assert.Equal(t, uint64(1), st.Refused)
+	assert.Zero(t, st.Entries)
+	assert.Zero(t, st.DiskBytes)
+	assert.Zero(t, st.MemoryBytes)
+	assert.False(t, exists(path))
+	lines := logLines(&logs)
+	require.Len(t, lines, 1, "one line per bad entry: %s", logs.String())
+	assert.Contains(t, lines[0], "level=WARN")
+	assert.Contains(t, lines[0], "refusing")
+	assert.Contains(t, lines[0], filepath.Base(path))
+	assert.Contains(t, lines[0], log)
+
+	// Recomputed: the next Put writes a valid file that a restart hits.
+	c.Put(toks, state, ends...)
+	assert.True(t, exists(path))
+	var counts []int
+	for _, l := range ends {
+		counts = append(counts, len(l.Values))
+	}
+	assert.Equal(t, fileSize(ns, len(toks), len(state), counts...), c.Stats().DiskBytes)
+	var logs2 bytes.Buffer
+	c2 := diskCache(t, dir, 0, 1<<20, textLog(&logs2))
+	hit, ok = look(c2, toks)
+	require.True(t, ok)
+	assert.Equal(t, kvcache.Disk, hit.Tier)
+	assert.Equal(t, state, hit.State)
+	if want := logitsOf(ends, len(toks)); want != nil {
+		assert.Equal(t, len(toks), hit.Match)
+		assertSameBits(t, want, hit.Logits)
+	} else {
+		assert.Equal(t, len(toks)-1, hit.Match)
+		assert.Nil(t, hit.Logits)
+	}
+	assert.Zero(t, c2.Stats().Refused)
+	assert.Empty(t, logs2.String())
+}
+
+// logitsOf are the values of ends at at, nil if none.
+func logitsOf(ends []kvcache.Logits, at int) []float32 {
+	for _, l := range ends {
+		if l.At == at {
+			return l.Values
+		}
+	}
+	return nil
+}
+
+// assertSameBits checks that got holds want's float32s bit for bit (-0 is
+// not 0).
+func assertSameBits(t *testing.T, want, got []float32, msgAndArgs ...any) {
+	t.Helper()
+	bits := func(v []float32) []uint32 {
+		if v == nil {
+			return nil
+		}
+		out := make([]uint32, len(v))
+		for i, x := range v {
+			out[i] = math.Float32bits(x)
+		}
+		return out
+	}
+	assert.Equal(t, bits(want), bits(got), msgAndArgs...)
+}
+
+// arbitraryFloats are n float32s of random bits, NaNs excepted, after the
+// awkward ones (signed zeros, infinities, extremes, a subnormal) as far as
+// n allows.
+func arbitraryFloats(r *rand.Rand, n int) []float32 {
+	special := []float32{
+		float32(math.Copysign(0, -1)), 0, float32(math.Inf(1)), float32(math.Inf(-1)),
+		math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32, -1.5e-42,
+	}
+	out := make([]float32, n)
+	for i := range out {
+		if i < len(special) {
+			out[i] = special[i]
+			continue
+		}
+		for {
+			v := math.Float32frombits(r.Uint32())
+			if v == v { // not NaN
+				out[i] = v
+				break
+			}
+		}
+	}
+	return out
+}
+
+// recrc recomputes a damaged file's checksum, so that only the checks
+// past it can refuse the file.
+func recrc(b []byte) []byte {
+	binary.LittleEndian.PutUint32(b[len(b)-4:], crc32.Checksum(b[:len(b)-4], crc32.MakeTable(crc32.Castagnoli)))
+	return b
+}
+
+// TestDiskLogitsRefusals: a file whose logits section is damaged, or
+// disagrees with its header or its tokens even under a valid checksum, is
+// refused with one log line and recomputed.
+func TestDiskLogitsRefusals(t *testing.T) {
+	toks, state := seq(1, 32), stateFor(32)
+	ends := []kvcache.Logits{
+		{At: 20, Values: []float32{1.5, -2, 0.25}},
+		{At: 32, Values: []float32{1, 2, 3, 4, 5}},
+	}
+	le := binary.LittleEndian
+	lengths := headerSize(ns, len(toks)) - 16 // the state's, then the logits' length
+	sec := headerSize(ns, len(toks)) + len(state)
+	// The section: count at sec, then At, n and values: At 20 at sec+4,
+	// its n at sec+8, its values from sec+12; At 32 at sec+24, its n at
+	// sec+28, its values from sec+32 to sec+52.
+	require.Equal(t, int64(52), logitsSize(3, 5))
+	for _, tc := range []struct {
+		name   string
+		damage func([]byte) []byte
+		atScan bool
+		log    string
+	}{
+		{"corrupt logit value", func(b []byte) []byte { b[sec+12+5] ^= 0x10; return b }, false, "checksum"},
+		{"corrupt last logit byte", func(b []byte) []byte { b[sec+51] ^= 0x80; return b }, false, "checksum"},
+		{"corrupt logits count", func(b []byte) []byte { b[sec] ^= 1; return b }, false, "checksum"},
+		{"corrupt At", func(b []byte) []byte { b[sec+4] ^= 4; return b }, false, "checksum"},
+		{"logits length in the header over the file", func(b []byte) []byte {
+			le.PutUint64(b[lengths+8:], uint64(logitsSize(3, 5)+4))
+			return recrc(b)
+		}, true, "truncated or padded"},
+		{"logits length in the header under the file", func(b []byte) []byte {
+			le.PutUint64(b[lengths+8:], uint64(logitsSize(3, 5)-4))
+			return recrc(b)
+		}, true, "truncated or padded"},
+		{"no logits section in the header", func(b []byte) []byte {
+			le.PutUint64(b[lengths+8:], 0)
+			return recrc(b)
+		}, true, "logits of 0"},
+		{"logits section cut short, the file too", func(b []byte) []byte {
+			le.PutUint64(b[lengths+8:], 2)
+			b = append(b[:sec+2], 0, 0, 0, 0)
+			return recrc(b)
+		}, true, "logits of 2"},
+		{"state longer, logits shorter than written", func(b []byte) []byte {
+			le.PutUint64(b[lengths:], uint64(len(state)+4))
+			le.PutUint64(b[lengths+8:], uint64(logitsSize(3, 5)-4))
+			return recrc(b)
+		}, false, "logits after"},
+		{"state shorter, logits longer than written", func(b []byte) []byte {
+			le.PutUint64(b[lengths:], uint64(len(state)-4))
+			le.PutUint64(b[lengths+8:], uint64(logitsSize(3, 5)+4))
+			return recrc(b)
+		}, false, "logits after"},
+		{"At past the tokens", func(b []byte) []byte { le.PutUint32(b[sec+24:], 33); return recrc(b) }, false, "logits after 33 of 32 tokens"},
+		{"At far past the tokens", func(b []byte) []byte { le.PutUint32(b[sec+4:], 1<<31); return recrc(b) }, false, "of 32 tokens"},
+		{"At 0", func(b []byte) []byte { le.PutUint32(b[sec+4:], 0); return recrc(b) }, false, "logits after 0 of 32 tokens"},
+		{"more values than the section holds", func(b []byte) []byte { le.PutUint32(b[sec+28:], 6); return recrc(b) }, false, "6 values"},
+		{"absurd value count", func(b []byte) []byte { le.PutUint32(b[sec+8:], 1<<30); return recrc(b) }, false, "values"},
+		{"fewer values than the section holds", func(b []byte) []byte { le.PutUint32(b[sec+28:], 4); return recrc(b) }, false, "left over"},
+		{"more entries than the section holds", func(b []byte) []byte { le.PutUint32(b[sec:], 3); return recrc(b) }, false, "truncated"},
+		{"absurd entry count", func(b []byte) []byte { le.PutUint32(b[sec:], 1<<31); return recrc(b) }, false, "truncated"},
+		{"fewer entries than the section holds", func(b []byte) []byte { le.PutUint32(b[sec:], 1); return recrc(b) }, false, "left over"},
+		{"no entries, bytes left", func(b []byte) []byte { le.PutUint32(b[sec:], 0); return recrc(b) }, false, "left over"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkRefusal(t, toks, state, ends, tc.damage, tc.atScan, tc.log)
+		})
+	}
+}
+
+// TestDiskLogitsSurviveRestart: logits put with an entry are written with
+// it and come back after a restart bit for bit, each at its At, from disk
+// and then from memory, counted in the memory bytes once loaded.
+func TestDiskLogitsSurviveRestart(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	dir := t.TempDir()
+	toks := seq(1, 64)
+	ends := []kvcache.Logits{
+		{At: 40, Values: arbitraryFloats(r, 33)},
+		{At: 20, Values: arbitraryFloats(r, 7)},
+		{At: 64, Values: arbitraryFloats(r, 1)},
+		{At: 16, Values: arbitraryFloats(r, 1000)},
+	}
+	nvalues := 33 + 7 + 1 + 1000
+	other := seq(2, 48) // no logits
+	c1 := diskCache(t, dir, 1<<20, 1<<20, nil)
+	c1.Put(toks, stateFor(64), ends...)
+	c1.Put(other, stateFor(48))
+	want := fileSize(ns, 64, 640, 33, 7, 1, 1000) + fileSize(ns, 48, 480)
+	st := c1.Stats()
+	assert.Equal(t, want, st.DiskBytes)
+	assert.Equal(t, want, dirBytes(t, dir))
+	assert.Equal(t, int64(640+4*nvalues+480), st.MemoryBytes)
+
+	for _, memory := range []int64{1 << 20, 0} {
+		t.Run(fmt.Sprint("memory=", memory), func(t *testing.T) {
+			var logs bytes.Buffer
+			c := diskCache(t, dir, memory, 1<<20, textLog(&logs))
+			assert.Equal(t, kvcache.Stats{Entries: 2, DiskBytes: want}, c.Stats(), "on disk only")
+			tier := kvcache.Disk
+			for _, l := range ends {
+				hit, ok := look(c, seq(1, l.At))
+				require.True(t, ok, l.At)
+				assert.Equal(t, tier, hit.Tier, l.At)
+				assert.Equal(t, l.At, hit.Match, l.At)
+				assert.Equal(t, 64, hit.Positions, l.At)
+				assert.Equal(t, stateFor(64), hit.State, l.At)
+				assertSameBits(t, l.Values, hit.Logits, "At %d", l.At)
+				if memory > 0 {
+					tier = kvcache.Memory
+					assert.Equal(t, int64(640+4*nvalues), c.Stats().MemoryBytes, "loaded with its logits")
+				} else {
+					assert.Zero(t, c.Stats().MemoryBytes)
+				}
+			}
+			for _, n := range []int{17, 39, 41, 63} {
+				hit, ok := look(c, seq(1, n))
+				require.True(t, ok, n)
+				assert.Equal(t, n-1, hit.Match, n)
+				assert.Nil(t, hit.Logits, n)
+			}
+			hit, ok := look(c, seq(1, 100))
+			require.True(t, ok)
+			assert.Equal(t, 64, hit.Match)
+			assert.Nil(t, hit.Logits)
+			hit, ok = look(c, other)
+			require.True(t, ok)
+			assert.Equal(t, kvcache.Disk, hit.Tier)
+			assert.Equal(t, 47, hit.Match)
+			assert.Nil(t, hit.Logits)
+			assert.Zero(t, c.Stats().Refused)
+			assert.Empty(t, logs.String())
+		})
+	}
+}
+
+// TestDiskCarriedLogitsAreWritten: logits that a replacement carries over
+// from the prefix it replaces are in its file, so a restart serves them.
+func TestDiskCarriedLogitsAreWritten(t *testing.T) {
+	dir := t.TempDir()
+	prompt := seq(1, 40)
+	full := cat(prompt, seq(9, 20))
+	promptLogits := arbitraryFloats(rand.New(rand.NewPCG(5, 6)), 50)
+	c1 := diskCache(t, dir, 1<<20, 1<<20, nil)
+	c1.Put(prompt, fill(400, 1), kvcache.Logits{At: 40, Values: promptLogits})
+	c1.Put(full, fill(600, 2))
+	require.Len(t, kvFiles(t, dir), 1, "the prompt's file is removed")
+	assert.Equal(t, fileSize(ns, 60, 600, 50), c1.Stats().DiskBytes)
+
+	c := diskCache(t, dir, 1<<20, 1<<20, nil)
+	hit, ok := look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, kvcache.Disk, hit.Tier)
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, 60, hit.Positions)
+	assert.Equal(t, fill(600, 2), hit.State)
+	assertSameBits(t, promptLogits, hit.Logits)
 }
 
 // TestDiskRefusedIsNoHit: a disk entry refused at Lookup is not counted as
@@ -555,9 +843,11 @@ func TestDiskBudgetAtRestart(t *testing.T) {
 func TestDiskFileOverBudgetEvictsNothing(t *testing.T) {
 	dir := t.TempDir()
 	c := diskCache(t, dir, 0, 1000, nil)
-	c.Put(seq(1, 32), stateFor(32)) // a 502-byte file
+	require.Equal(t, int64(514), fileSize(ns, 32, 320))
+	require.Equal(t, int64(1410), fileSize(ns, 96, 960))
+	c.Put(seq(1, 32), stateFor(32)) // a 514-byte file
 	require.Len(t, kvFiles(t, dir), 1)
-	c.Put(seq(2, 96), stateFor(96)) // 960 bytes of state, a 1,398-byte file
+	c.Put(seq(2, 96), stateFor(96)) // 960 bytes of state, a 1,410-byte file
 	st := c.Stats()
 	assert.Zero(t, st.Evictions[kvcache.Disk])
 	assert.True(t, c.Has(seq(1, 32)))

@@ -105,12 +105,52 @@ func Namespace(modelDigest, engineBuild string, settings ...string) string {
 
 // Hit is a cached state that shares Match tokens with the prompt looked up.
 // Restore the State (Positions positions) into an empty sequence, then
-// remove positions [Match, Positions). State is shared: read it only.
+// remove positions [Match, Positions). Logits, when not nil, are the
+// next-token logits after the whole prompt (Match is then its length): the
+// caller needs no forward pass for them. Otherwise Match leaves at least
+// the prompt's last token to decode, for its logits. State and Logits are
+// shared: read them only.
 type Hit struct {
 	State     []byte
+	Logits    []float32
 	Positions int
 	Match     int
 	Tier      Tier
+}
+
+// Logits are the next-token logits after the first At tokens of an entry
+// (the row of its token At-1), kept so that a prompt ending there starts
+// its answer without a forward pass.
+type Logits struct {
+	At     int
+	Values []float32
+}
+
+func logitsAt(ends []Logits, at int) []float32 {
+	for _, l := range ends {
+		if l.At == at {
+			return l.Values
+		}
+	}
+	return nil
+}
+
+// mergeLogits adds to ends those of more that it lacks, up to n tokens.
+func mergeLogits(ends, more []Logits, n int) []Logits {
+	for _, l := range more {
+		if l.At <= n && l.At > 0 && logitsAt(ends, l.At) == nil {
+			ends = append(ends, l)
+		}
+	}
+	return ends
+}
+
+func logitsBytes(ends []Logits) int64 {
+	n := 0
+	for _, l := range ends {
+		n += 4 * len(l.Values)
+	}
+	return int64(n)
 }
 
 // entry is one cached prefix.
@@ -118,13 +158,19 @@ type entry struct {
 	tokens []engine.Token
 	hashes []uint64 // chain hash of each full block
 	mem    []byte   // nil when only on disk
+	ends   []Logits // with mem
 	disk   int64    // bytes on disk, 0 when not there
 	file   string
 	freq   float64
 	prio   float64
 }
 
-func (e *entry) size() int64 { return int64(len(e.mem)) }
+func (e *entry) size() int64 {
+	if e.mem == nil {
+		return 0
+	}
+	return int64(len(e.mem)) + logitsBytes(e.ends)
+}
 
 // Cache is a token-prefix cache of KV states, safe for concurrent use.
 type Cache struct {
@@ -207,22 +253,33 @@ func (c *Cache) chain(toks []engine.Token) []uint64 {
 	return out
 }
 
-// Lookup returns the cached state sharing the longest prefix with toks, if
-// that prefix is at least one block and longer than better (what the
-// caller already has, e.g. in its sequence), loading it from disk if it is
-// only there. A hit sharing at least counts tokens is counted as a hit, a
-// shorter one (only the template every prompt starts with, say) as a
-// miss; without a hit the caller counts what it does (CountContextHit or
+// Lookup returns the cached state sharing the longest prefix with toks, a
+// prompt, if that prefix is at least one block and longer than better
+// (what the caller already has, e.g. in its sequence), loading it from
+// disk if it is only there. The prefix covers the whole prompt only where
+// the entry has the logits after it (Hit.Logits); otherwise it stops one
+// token short. A hit sharing at least counts tokens is counted as a hit, a
+// shorter one (only the template every prompt starts with, say) as a miss;
+// without a hit the caller counts what it does (CountContextHit or
 // CountMiss).
 func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 	c.mu.Lock()
 	e, match := c.longestLocked(toks, c.chain(toks))
+	// Without logits for the whole prompt, its last token must be decoded.
+	fits := func(ends []Logits) (int, []float32) {
+		if match == len(toks) {
+			if l := logitsAt(ends, match); l != nil {
+				return match, l
+			}
+		}
+		return min(match, len(toks)-1), nil
+	}
 	if e == nil || match <= better {
 		c.mu.Unlock()
 		return Hit{}, false
 	}
-	count := func(tier Tier) {
-		if match >= counts {
+	count := func(tier Tier, m int) {
+		if m >= counts {
 			c.stats.Hits[tier]++
 			c.observe(func(o Observer) { o.Hit(tier) })
 		} else {
@@ -230,10 +287,15 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 			c.observe(func(o Observer) { o.Miss() })
 		}
 	}
-	c.touchLocked(e)
 	if e.mem != nil {
-		count(Memory)
-		h := Hit{State: e.mem, Positions: len(e.tokens), Match: match, Tier: Memory}
+		m, logits := fits(e.ends)
+		if m <= better {
+			c.mu.Unlock()
+			return Hit{}, false
+		}
+		c.touchLocked(e)
+		count(Memory, m)
+		h := Hit{State: e.mem, Logits: logits, Positions: len(e.tokens), Match: m, Tier: Memory}
 		c.mu.Unlock()
 		return h, true
 	}
@@ -241,7 +303,7 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 	c.mu.Unlock()
 
 	// Read outside the lock: a disk read takes milliseconds.
-	state, err := c.disk.load(file, e.tokens)
+	state, ends, err := c.disk.load(file, e.tokens)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	_, live := c.entries[e]
@@ -257,14 +319,36 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 		c.publishLocked()
 		return Hit{}, false
 	}
-	count(Disk)
-	if live && e.mem == nil && c.cfg.MemoryBytes >= int64(len(state)) {
-		e.mem = state
+	m, logits := fits(ends)
+	if m <= better {
+		return Hit{}, false
+	}
+	c.touchLocked(e)
+	count(Disk, m)
+	if live && e.mem == nil && c.cfg.MemoryBytes >= int64(len(state))+logitsBytes(ends) {
+		e.mem, e.ends = state, ends
 		c.memUsed += e.size()
 		c.evictMemLocked(e)
 	}
 	c.publishLocked()
-	return Hit{State: state, Positions: len(e.tokens), Match: match, Tier: Disk}, true
+	return Hit{State: state, Logits: logits, Positions: len(e.tokens), Match: m, Tier: Disk}, true
+}
+
+// LogitsAfter returns the cached logits after exactly toks, if an entry in
+// memory holding toks has them: for a caller whose sequence still holds
+// toks and needs only their distribution. It counts nothing.
+func (c *Cache) LogitsAfter(toks []engine.Token) []float32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, match := c.longestLocked(toks, c.chain(toks))
+	if e == nil || match != len(toks) || e.mem == nil {
+		return nil
+	}
+	l := logitsAt(e.ends, len(toks))
+	if l != nil {
+		c.touchLocked(e)
+	}
+	return l
 }
 
 // CountContextHit records a hit the caller served from a sequence that
@@ -311,10 +395,23 @@ func (c *Cache) longestLocked(toks []engine.Token, hashes []uint64) (*entry, int
 	}
 	var best *entry
 	bestMatch := 0
+	// Of entries holding all of toks, one with the logits after it spares
+	// the caller a forward pass.
+	ends := func(e *entry) bool { return logitsAt(e.ends, len(toks)) != nil }
 	for _, e := range cands {
 		m := commonPrefix(e.tokens, toks)
-		// On a tie prefer the shorter entry: it restores fewer bytes.
-		if m > bestMatch || (m == bestMatch && best != nil && len(e.tokens) < len(best.tokens)) {
+		better := m > bestMatch
+		if m == bestMatch && best != nil {
+			// On a tie prefer the entry with those logits, then the shorter
+			// entry: it restores fewer bytes.
+			switch le, lb := m == len(toks) && ends(e), m == len(toks) && ends(best); {
+			case le != lb:
+				better = le
+			default:
+				better = len(e.tokens) < len(best.tokens)
+			}
+		}
+		if better {
 			best, bestMatch = e, m
 		}
 	}
@@ -334,13 +431,17 @@ func commonPrefix(a, b []engine.Token) int {
 	return n
 }
 
-// Put caches the state of toks (state holds exactly len(toks) positions).
-// An entry that toks extends is replaced, since the new one serves every
-// prompt the old one did; when an entry already extends toks, nothing is
-// added. States too large for every budget are not kept.
-func (c *Cache) Put(toks []engine.Token, state []byte) {
-	if len(toks) < BlockTokens || len(state) == 0 {
-		return
+// Put caches the state of toks (state holds exactly len(toks) positions)
+// and the logits after some of its prefixes. An entry that toks extends is
+// replaced, since the new one serves every prompt the old one did, and its
+// logits carry over (those in memory: a prefix held only on disk is not
+// read back for them); when an entry already extends toks, it only gains the
+// logits it lacks (in memory). States too large for every budget are not
+// kept. A nil state only adds logits to an entry that holds toks; Put
+// reports whether an entry now holds toks (and, in memory, the logits).
+func (c *Cache) Put(toks []engine.Token, state []byte, ends ...Logits) bool {
+	if len(toks) < BlockTokens {
+		return false
 	}
 	toks = append([]engine.Token(nil), toks...)
 	hashes := c.chain(toks)
@@ -362,16 +463,35 @@ func (c *Cache) Put(toks []engine.Token, state []byte) {
 			switch {
 			case m == len(toks): // e holds toks already, or extends it
 				c.touchLocked(e)
-				return
+				if e.mem == nil {
+					return len(ends) == 0
+				}
+				merged := mergeLogits(e.ends, ends, len(toks))
+				if int64(len(e.mem))+logitsBytes(merged) > c.cfg.MemoryBytes {
+					return false
+				}
+				c.memUsed -= e.size()
+				e.ends = merged
+				c.memUsed += e.size()
+				c.evictMemLocked(e)
+				c.publishLocked()
+				return true
 			case m == len(e.tokens):
 				prefixes = append(prefixes, e)
 			}
 		}
 	}
-	size := int64(len(state))
-	toDisk := c.disk != nil && c.disk.fileSize(toks, len(state)) <= c.cfg.DiskBytes
+	if len(state) == 0 {
+		return false
+	}
+	ends = mergeLogits(nil, ends, len(toks))
+	for _, p := range prefixes {
+		ends = mergeLogits(ends, p.ends, len(toks))
+	}
+	size := int64(len(state)) + logitsBytes(ends)
+	toDisk := c.disk != nil && c.disk.fileSize(toks, len(state), ends) <= c.cfg.DiskBytes
 	if size > c.cfg.MemoryBytes && !toDisk {
-		return
+		return false
 	}
 	e := &entry{tokens: toks, hashes: hashes}
 	for _, p := range prefixes {
@@ -382,12 +502,12 @@ func (c *Cache) Put(toks []engine.Token, state []byte) {
 	c.insertLocked(e)
 	c.touchLocked(e)
 	if size <= c.cfg.MemoryBytes {
-		e.mem = state
-		c.memUsed += size
+		e.mem, e.ends = state, ends
+		c.memUsed += e.size()
 		c.evictMemLocked(e)
 	}
 	if toDisk {
-		file, n, err := c.disk.store(toks, state)
+		file, n, err := c.disk.store(toks, state, ends)
 		if err != nil {
 			c.log.Warn("kv cache: could not write an entry to disk", "err", err)
 		} else {
@@ -398,8 +518,11 @@ func (c *Cache) Put(toks []engine.Token, state []byte) {
 	}
 	if e.mem == nil && e.disk == 0 {
 		c.removeLocked(e)
+		c.publishLocked()
+		return false
 	}
 	c.publishLocked()
+	return true
 }
 
 // touchLocked counts a use (GDSF: priority = clock + uses).
@@ -436,7 +559,7 @@ func (c *Cache) removeLocked(e *entry) {
 		}
 	}
 	c.memUsed -= e.size()
-	e.mem = nil
+	e.mem, e.ends = nil, nil
 	c.dropDiskLocked(e)
 }
 
@@ -464,7 +587,7 @@ func (c *Cache) evictMemLocked(keep *entry) {
 		c.stats.Evictions[Memory]++
 		c.observe(func(o Observer) { o.Evict(Memory) })
 		c.memUsed -= v.size()
-		v.mem = nil
+		v.mem, v.ends = nil, nil
 		if v.disk == 0 {
 			c.removeLocked(v)
 		}

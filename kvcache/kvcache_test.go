@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,6 +57,21 @@ func stateFor(n int) []byte { return bytes.Repeat([]byte{byte(n)}, n*10) }
 // fill is a state of size bytes, each b: states of the same size that can
 // be told apart.
 func fill(size int, b byte) []byte { return bytes.Repeat([]byte{b}, size) }
+
+// logitsFor are the logits after n tokens: 1+n%4 values that say n, so a
+// hit's logits say which prefix they follow.
+func logitsFor(n int) []float32 {
+	v := make([]float32, 1+n%4)
+	for i := range v {
+		v[i] = float32(n) + 0.25*float32(i)
+	}
+	return v
+}
+
+// isLogitsFor reports whether v are logitsFor(n).
+func isLogitsFor(v []float32, n int) bool {
+	return slices.Equal(v, logitsFor(n))
+}
 
 // quiet is a logger that drops everything.
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -141,28 +158,31 @@ func TestLookupEmptyCache(t *testing.T) {
 }
 
 // TestLookupMatch: a hit shares at least one block, and Match is the whole
-// common prefix, partial blocks included.
+// common prefix, partial blocks included, except that without logits for
+// the whole prompt its last token is left to decode (Match len-1).
 func TestLookupMatch(t *testing.T) {
 	entry := seq(1, 40) // two full blocks and 8 tokens
 	for _, tc := range []struct {
 		name  string
 		query []engine.Token
-		match int // 0: no hit
+		match int  // 0: no hit
+		held  bool // the entry holds the whole query (Has)
 	}{
-		{"nothing shared", seq(2, 40), 0},
-		{"one token shared", branch(1, 1, 1, 40), 0},
-		{"15 shared", branch(1, 15, 1, 40), 0},
-		{"query of 15 tokens", seq(1, 15), 0},
-		{"16 shared", branch(1, 16, 1, 40), 16},
-		{"query of exactly one block", seq(1, 16), 16},
-		{"17 shared", branch(1, 17, 1, 40), 17},
-		{"31 shared", branch(1, 31, 1, 64), 31},
-		{"32 shared", branch(1, 32, 1, 64), 32},
-		{"36 shared: partial block past the entry's last full one", branch(1, 36, 1, 64), 36},
-		{"query a prefix of the entry, partial block", seq(1, 20), 20},
-		{"query the entry", seq(1, 40), 40},
-		{"query extends the entry", seq(1, 100), 40},
-		{"query extends the entry's partial block", branch(1, 40, 9, 48), 40},
+		{"nothing shared", seq(2, 40), 0, false},
+		{"one token shared", branch(1, 1, 1, 40), 0, false},
+		{"15 shared", branch(1, 15, 1, 40), 0, false},
+		{"query of 15 tokens", seq(1, 15), 0, false},
+		{"16 shared", branch(1, 16, 1, 40), 16, false},
+		{"query of exactly one block: one block shared, its last token to decode", seq(1, 16), 15, true},
+		{"17 shared", branch(1, 17, 1, 40), 17, false},
+		{"31 shared", branch(1, 31, 1, 64), 31, false},
+		{"32 shared", branch(1, 32, 1, 64), 32, false},
+		{"36 shared: partial block past the entry's last full one", branch(1, 36, 1, 64), 36, false},
+		{"query a prefix of the entry, partial block", seq(1, 20), 19, true},
+		{"query the entry", seq(1, 40), 39, true},
+		{"query extends the entry", seq(1, 100), 40, false},
+		{"query extends the entry's partial block", branch(1, 40, 9, 48), 40, false},
+		{"query one past the entry", seq(1, 41), 40, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := memCache(t, 1<<20)
@@ -181,8 +201,10 @@ func TestLookupMatch(t *testing.T) {
 			assert.Equal(t, 40, hit.Positions)
 			assert.Equal(t, kvcache.Memory, hit.Tier)
 			assert.Equal(t, state, hit.State)
+			assert.Nil(t, hit.Logits, "no logits stored")
+			assert.Less(t, hit.Match, len(tc.query), "without logits the last token is decoded")
 			assert.Equal(t, uint64(1), c.Stats().Hits[kvcache.Memory])
-			assert.Equal(t, tc.match == len(tc.query), c.Has(tc.query), "Has: an entry holds or extends the query")
+			assert.Equal(t, tc.held, c.Has(tc.query), "Has: an entry holds or extends the query")
 		})
 	}
 }
@@ -288,8 +310,13 @@ func TestLookupTieBreakPrefersShorter(t *testing.T) {
 			assert.Equal(t, 32, hit.Match)
 			assert.Equal(t, 48, hit.Positions)
 			assert.Equal(t, stateFor(48), hit.State)
-			// A query sharing more with the long one takes it.
+			// A query sharing more with the long one takes it (the last
+			// of its 50 tokens left to decode).
 			hit, ok = look(c, branch(1, 32, 2, 50))
+			require.True(t, ok)
+			assert.Equal(t, 49, hit.Match)
+			assert.Equal(t, 96, hit.Positions)
+			hit, ok = look(c, cat(branch(1, 32, 2, 50), seq(8, 10))) // 50 shared, then its own
 			require.True(t, ok)
 			assert.Equal(t, 50, hit.Match)
 			assert.Equal(t, 96, hit.Positions)
@@ -318,12 +345,16 @@ func TestPutReplacesPrefix(t *testing.T) {
 	assert.Equal(t, 1, st.Entries)
 	assert.Equal(t, int64(480), st.MemoryBytes, "the replaced entry's bytes are freed")
 	assert.Zero(t, st.Evictions[kvcache.Memory], "a replacement is no eviction")
-	for _, q := range [][]engine.Token{seq(1, 32), seq(1, 20), seq(1, 48), seq(1, 64)} {
-		hit, ok := look(c, q)
+	for _, tc := range []struct {
+		query []engine.Token
+		match int
+	}{{seq(1, 32), 31}, {seq(1, 20), 19}, {seq(1, 48), 47}, {seq(1, 64), 48}} {
+		hit, ok := look(c, tc.query)
 		require.True(t, ok)
 		assert.Equal(t, 48, hit.Positions)
-		assert.Equal(t, min(len(q), 48), hit.Match)
+		assert.Equal(t, tc.match, hit.Match, "query of %d", len(tc.query))
 		assert.Equal(t, stateFor(48), hit.State)
+		assert.Nil(t, hit.Logits)
 	}
 	// A chain of extensions keeps one entry.
 	c.Put(seq(1, 50), stateFor(50))
@@ -368,8 +399,9 @@ func TestPutOfPrefixAddsNothing(t *testing.T) {
 			hit, ok := look(c, tc.toks)
 			require.True(t, ok)
 			assert.Equal(t, 48, hit.Positions)
-			assert.Equal(t, len(tc.toks), hit.Match)
+			assert.Equal(t, len(tc.toks)-1, hit.Match, "held whole, its last token to decode")
 			assert.Equal(t, stateFor(48), hit.State)
+			assert.True(t, c.Has(tc.toks))
 		})
 	}
 }
@@ -632,9 +664,9 @@ func TestStateOverBudgetNotKept(t *testing.T) {
 	assert.Equal(t, kvcache.Stats{}, none.Stats())
 }
 
-// TestConcurrentUse: goroutines putting and looking up overlapping
-// prefixes under a small budget keep the cache consistent (run with
-// -race).
+// TestConcurrentUse: goroutines putting (with logits or without) and
+// looking up overlapping prefixes under a small budget keep the cache
+// consistent (run with -race).
 func TestConcurrentUse(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -659,6 +691,7 @@ func TestConcurrentUse(t *testing.T) {
 				return seq(f, n)
 			}
 			var wg sync.WaitGroup
+			var withLogits atomic.Int64 // hits that came with logits
 			errs := make(chan error, 8)
 			for g := range 8 {
 				wg.Go(func() {
@@ -673,7 +706,16 @@ func TestConcurrentUse(t *testing.T) {
 						toks := query(r)
 						switch r.IntN(4) {
 						case 0:
-							c.Put(toks, stateFor(len(toks)))
+							switch r.IntN(3) {
+							case 0:
+								c.Put(toks, stateFor(len(toks)))
+							case 1:
+								c.Put(toks, stateFor(len(toks)), kvcache.Logits{At: len(toks), Values: logitsFor(len(toks))})
+							default: // logits after a prefix too
+								at := 16 + r.IntN(len(toks)-15)
+								c.Put(toks, stateFor(len(toks)), kvcache.Logits{At: at, Values: logitsFor(at)},
+									kvcache.Logits{At: len(toks), Values: logitsFor(len(toks))})
+							}
 						case 1:
 							st := c.Stats()
 							if st.MemoryBytes < 0 || st.MemoryBytes > memBudget {
@@ -693,10 +735,17 @@ func TestConcurrentUse(t *testing.T) {
 								fail("a hit of %d positions with %d bytes", hit.Positions, len(hit.State))
 							case hit.State[0] != byte(hit.Positions) || hit.State[len(hit.State)-1] != byte(hit.Positions):
 								fail("a hit of %d positions with the state of another entry", hit.Positions)
-							case hit.Match < kvcache.BlockTokens || hit.Match <= better || hit.Match > len(toks) || hit.Match > hit.Positions:
+							case hit.Match < min(kvcache.BlockTokens, len(toks)-1) || hit.Match <= better || hit.Match > len(toks) || hit.Match > hit.Positions:
 								fail("match %d (query %d, better %d, positions %d)", hit.Match, len(toks), better, hit.Positions)
+							case hit.Logits == nil && hit.Match == len(toks):
+								fail("the whole query of %d matched without logits", len(toks))
+							case hit.Logits != nil && (hit.Match != len(toks) || !isLogitsFor(hit.Logits, len(toks))):
+								fail("logits %v with match %d (query %d)", hit.Logits, hit.Match, len(toks))
 							case hit.Tier != kvcache.Memory && (hit.Tier != kvcache.Disk || !tc.disk):
 								fail("tier %v", hit.Tier)
+							}
+							if hit.Logits != nil {
+								withLogits.Add(1)
 							}
 						}
 					}
@@ -711,12 +760,16 @@ func TestConcurrentUse(t *testing.T) {
 			assert.LessOrEqual(t, st.MemoryBytes, int64(memBudget))
 			assert.Positive(t, st.Evictions[kvcache.Memory], "the budget was small enough to evict")
 			assert.Positive(t, st.Hits[kvcache.Memory])
+			assert.Positive(t, withLogits.Load(), "some hits came with logits")
 			assert.Positive(t, st.Entries)
 			// Every entry left is whole: looking each family up hits a
 			// consistent state.
 			for f := range 3 {
 				if hit, ok := look(c, seq(f, 80)); ok {
 					assert.Equal(t, hit.Positions*10, len(hit.State))
+					if hit.Logits != nil {
+						assert.True(t, isLogitsFor(hit.Logits, 80))
+					}
 				}
 			}
 			if tc.disk {
@@ -737,4 +790,361 @@ func TestConcurrentUse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLookupLogits: a prompt that an entry holds whole, with the logits
+// after it, needs no forward pass (Match is its length, Logits the very
+// values put); any other prompt leaves its last token to decode.
+func TestLookupLogits(t *testing.T) {
+	toks := seq(1, 40)
+	values := []float32{0.5, -3.25, 7, 1e-3}
+	state := stateFor(40)
+	c := memCache(t, 1<<20)
+	c.Put(toks, state, kvcache.Logits{At: 40, Values: values})
+
+	hit, ok := look(c, toks)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match, "the whole prompt: its logits are cached")
+	assert.Equal(t, 40, hit.Positions)
+	assert.Equal(t, kvcache.Memory, hit.Tier)
+	assert.Equal(t, state, hit.State)
+	require.Equal(t, values, hit.Logits)
+	assert.Same(t, &values[0], &hit.Logits[0], "the logits are shared, not copied")
+	assert.True(t, c.Has(toks))
+
+	for _, tc := range []struct {
+		name  string
+		query []engine.Token
+		match int
+	}{
+		{"a longer prompt: the entry, then its own tokens to decode", seq(1, 50), 40},
+		{"one token more", seq(1, 41), 40},
+		{"a prompt branching off the entry", cat(toks, seq(5, 3)), 40},
+		{"a prefix without logits at its end", seq(1, 30), 29},
+		{"a prefix of one block", seq(1, 16), 15},
+		{"a prompt sharing all but the entry's last token", branch(1, 39, 1, 40), 39},
+	} {
+		hit, ok := look(c, tc.query)
+		require.True(t, ok, tc.name)
+		assert.Equal(t, tc.match, hit.Match, tc.name)
+		assert.Nil(t, hit.Logits, tc.name)
+		assert.Equal(t, 40, hit.Positions, tc.name)
+		assert.Equal(t, state, hit.State, tc.name)
+	}
+
+	// better: the caller has all but the last token; only the logits make
+	// the hit better than that.
+	hit, ok = c.Lookup(toks, 39, 0)
+	require.True(t, ok, "40 > 39 with the logits")
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, values, hit.Logits)
+	hit, ok = c.Lookup(toks, 40, 0)
+	assert.False(t, ok)
+	assert.Equal(t, kvcache.Hit{}, hit)
+	hit, ok = c.Lookup(seq(1, 30), 29, 0)
+	assert.False(t, ok, "no logits at 30: 29 is no better than 29")
+	assert.Equal(t, kvcache.Hit{}, hit)
+	assert.Equal(t, uint64(2+6), c.Stats().Hits[kvcache.Memory])
+
+	// Without logits stored, the same prompt with better = len-1 is no hit
+	// and counts nothing.
+	bare := memCache(t, 1<<20)
+	bare.Put(toks, state)
+	hit, ok = look(bare, toks)
+	require.True(t, ok)
+	assert.Equal(t, 39, hit.Match)
+	assert.Nil(t, hit.Logits)
+	hit, ok = bare.Lookup(toks, 39, 0)
+	assert.False(t, ok, "39 is no better than 39")
+	assert.Equal(t, kvcache.Hit{}, hit)
+	hit, ok = bare.Lookup(toks, 38, 0)
+	require.True(t, ok)
+	assert.Equal(t, 39, hit.Match)
+	st := bare.Stats()
+	assert.Equal(t, uint64(2), st.Hits[kvcache.Memory])
+	assert.Zero(t, st.Misses)
+}
+
+// TestLookupLogitsCounts: counts compares with the Match given, the whole
+// prompt only with its logits.
+func TestLookupLogitsCounts(t *testing.T) {
+	toks := seq(1, 40)
+	for _, withLogits := range []bool{true, false} {
+		t.Run(fmt.Sprint("logits=", withLogits), func(t *testing.T) {
+			c := memCache(t, 1<<20)
+			if withLogits {
+				c.Put(toks, stateFor(40), kvcache.Logits{At: 40, Values: logitsFor(40)})
+			} else {
+				c.Put(toks, stateFor(40))
+			}
+			_, ok := c.Lookup(toks, 0, 40)
+			require.True(t, ok, "counts never refuses a hit")
+			st := c.Stats()
+			if withLogits {
+				assert.Equal(t, uint64(1), st.Hits[kvcache.Memory])
+				assert.Zero(t, st.Misses)
+			} else {
+				assert.Zero(t, st.Hits[kvcache.Memory], "Match 39 < 40")
+				assert.Equal(t, uint64(1), st.Misses)
+			}
+		})
+	}
+}
+
+// TestLogitsAtEveryPrefix: an entry serves the logits after each prefix it
+// has them for, and only there.
+func TestLogitsAtEveryPrefix(t *testing.T) {
+	c := memCache(t, 1<<20)
+	toks := seq(1, 64)
+	c.Put(toks, stateFor(64),
+		kvcache.Logits{At: 64, Values: logitsFor(64)},
+		kvcache.Logits{At: 16, Values: logitsFor(16)},
+		kvcache.Logits{At: 33, Values: logitsFor(33)})
+	for n := 16; n <= 70; n++ {
+		hit, ok := look(c, seq(1, n))
+		require.True(t, ok, n)
+		assert.Equal(t, 64, hit.Positions, n)
+		switch n {
+		case 16, 33, 64:
+			assert.Equal(t, n, hit.Match, n)
+			assert.True(t, isLogitsFor(hit.Logits, n), "%d: %v", n, hit.Logits)
+		default:
+			assert.Equal(t, min(n-1, 64), hit.Match, n)
+			assert.Nil(t, hit.Logits, n)
+		}
+	}
+	// A one-block entry with its logits.
+	c.Put(seq(2, 16), stateFor(16), kvcache.Logits{At: 16, Values: logitsFor(16)})
+	hit, ok := look(c, seq(2, 16))
+	require.True(t, ok)
+	assert.Equal(t, 16, hit.Match)
+	assert.True(t, isLogitsFor(hit.Logits, 16))
+}
+
+// TestPutDropsLogitsOutsideTheEntry: logits after no prefix of the tokens
+// put (At 0, negative, past the end) are not kept, nor counted; of two at
+// one position the first is.
+func TestPutDropsLogitsOutsideTheEntry(t *testing.T) {
+	c := memCache(t, 1<<20)
+	toks := seq(1, 32)
+	first, second := []float32{1, 2}, []float32{3, 4, 5}
+	c.Put(toks, stateFor(32),
+		kvcache.Logits{At: 0, Values: logitsFor(0)},
+		kvcache.Logits{At: -1, Values: logitsFor(7)},
+		kvcache.Logits{At: 33, Values: logitsFor(33)},
+		kvcache.Logits{At: 32, Values: first},
+		kvcache.Logits{At: 32, Values: second})
+	assert.Equal(t, int64(320+4*len(first)), c.Stats().MemoryBytes)
+	hit, ok := look(c, toks)
+	require.True(t, ok)
+	assert.Equal(t, 32, hit.Match)
+	assert.Equal(t, first, hit.Logits)
+	hit, ok = look(c, seq(1, 33))
+	require.True(t, ok)
+	assert.Equal(t, 32, hit.Match)
+	assert.Nil(t, hit.Logits, "the logits after 33 tokens were not kept")
+}
+
+// TestPutReplacingAPrefixKeepsItsLogits: a prompt cached with its logits,
+// then the same prompt and its answer (the next turn's prefix): the new
+// entry serves the prompt still without a forward pass.
+func TestPutReplacingAPrefixKeepsItsLogits(t *testing.T) {
+	prompt := seq(1, 40)
+	full := cat(prompt, seq(9, 20))
+	promptLogits := []float32{0.25, -1, 8}
+	s1, s2 := fill(400, 1), fill(600, 2)
+	c := memCache(t, 1<<20)
+	c.Put(prompt, s1, kvcache.Logits{At: 40, Values: promptLogits})
+	c.Put(full, s2)
+	st := c.Stats()
+	assert.Equal(t, 1, st.Entries, "the prompt's entry was replaced")
+	assert.Equal(t, int64(600+4*len(promptLogits)), st.MemoryBytes, "the carried logits are counted, the replaced state is not")
+
+	hit, ok := look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, 60, hit.Positions)
+	assert.Equal(t, s2, hit.State)
+	require.Equal(t, promptLogits, hit.Logits)
+	assert.Same(t, &promptLogits[0], &hit.Logits[0])
+	hit, ok = look(c, full)
+	require.True(t, ok)
+	assert.Equal(t, 59, hit.Match)
+	assert.Nil(t, hit.Logits)
+
+	// A second turn replaces that entry in turn and keeps both: the first
+	// prompt's logits and the ones the second turn brought.
+	next := cat(full, seq(10, 20))
+	fullLogits := logitsFor(60)
+	c.Put(next, fill(800, 3), kvcache.Logits{At: 60, Values: fullLogits})
+	st = c.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Equal(t, int64(800+4*len(promptLogits)+4*len(fullLogits)), st.MemoryBytes)
+	hit, ok = look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, 80, hit.Positions)
+	assert.Equal(t, promptLogits, hit.Logits)
+	hit, ok = look(c, full)
+	require.True(t, ok)
+	assert.Equal(t, 60, hit.Match)
+	assert.Equal(t, fullLogits, hit.Logits)
+	hit, ok = look(c, next)
+	require.True(t, ok)
+	assert.Equal(t, 79, hit.Match)
+	assert.Nil(t, hit.Logits)
+
+	// A branch that replaces nothing takes no logits from its sibling.
+	other := cat(prompt, seq(11, 20))
+	c.Put(other, fill(600, 4))
+	assert.Equal(t, 2, c.Stats().Entries)
+	hit, ok = look(c, cat(other, seq(12, 1)))
+	require.True(t, ok)
+	assert.Equal(t, 60, hit.Match)
+	assert.Equal(t, fill(600, 4), hit.State)
+	assert.Nil(t, hit.Logits)
+}
+
+// TestPutOfHeldTokensAddsLogits: a Put of tokens an entry in memory holds
+// already keeps that entry's state and adds the logits it lacks.
+func TestPutOfHeldTokensAddsLogits(t *testing.T) {
+	prompt := seq(1, 40)
+	full := cat(prompt, seq(9, 20))
+	s2 := fill(600, 2)
+	c := memCache(t, 1<<20)
+	c.Put(full, s2)
+	hit, ok := look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, 39, hit.Match)
+	assert.Nil(t, hit.Logits)
+
+	promptLogits := []float32{1, 2, 3}
+	c.Put(prompt, fill(400, 0xee), kvcache.Logits{At: 40, Values: promptLogits})
+	st := c.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Equal(t, int64(600+4*3), st.MemoryBytes, "the logits are added; the state put is not")
+	hit, ok = look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, 60, hit.Positions)
+	assert.Equal(t, s2, hit.State)
+	require.Equal(t, promptLogits, hit.Logits)
+	assert.Same(t, &promptLogits[0], &hit.Logits[0])
+
+	// The same tokens as the entry, with the logits at its end.
+	fullLogits := logitsFor(60)
+	c.Put(full, fill(600, 0xee), kvcache.Logits{At: 60, Values: fullLogits})
+	assert.Equal(t, int64(600+4*3+4*len(fullLogits)), c.Stats().MemoryBytes)
+	hit, ok = look(c, full)
+	require.True(t, ok)
+	assert.Equal(t, 60, hit.Match)
+	assert.Equal(t, fullLogits, hit.Logits)
+	assert.Equal(t, s2, hit.State)
+
+	// Logits at a position the entry has them for already change nothing;
+	// logits past the tokens put are dropped.
+	c.Put(prompt, fill(400, 0xee), kvcache.Logits{At: 40, Values: []float32{9, 9, 9, 9}}, kvcache.Logits{At: 50, Values: []float32{9}})
+	assert.Equal(t, int64(600+4*3+4*len(fullLogits)), c.Stats().MemoryBytes)
+	hit, ok = look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, promptLogits, hit.Logits)
+	hit, ok = look(c, full[:50])
+	require.True(t, ok)
+	assert.Equal(t, 49, hit.Match, "no logits after 50 tokens")
+	assert.Nil(t, hit.Logits)
+	assert.Equal(t, 1, c.Stats().Entries)
+	assert.Zero(t, c.Stats().Evictions[kvcache.Memory])
+}
+
+// TestLogitsMemoryBytes: an entry's memory is its state plus 4 bytes per
+// logit value, against the budget as for the state.
+func TestLogitsMemoryBytes(t *testing.T) {
+	toks := seq(1, 40)
+	state := stateFor(40) // 400 bytes
+	ends := []kvcache.Logits{{At: 40, Values: make([]float32, 60)}, {At: 20, Values: make([]float32, 40)}}
+	const size = 400 + 4*(60+40)
+
+	c := memCache(t, size)
+	c.Put(toks, state, ends...)
+	assert.Equal(t, kvcache.Stats{Entries: 1, MemoryBytes: size}, c.Stats())
+	// Another entry of the same size evicts it, logits and all.
+	c.Put(seq(2, 80), stateFor(80))
+	st := c.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Equal(t, uint64(1), st.Evictions[kvcache.Memory])
+	assert.Equal(t, int64(800), st.MemoryBytes)
+	assert.False(t, c.Has(toks))
+
+	// A state within the budget whose logits are not: not kept.
+	small := memCache(t, size-1)
+	small.Put(toks, state, ends...)
+	assert.Equal(t, kvcache.Stats{}, small.Stats())
+	small.Put(toks, state)
+	assert.Equal(t, kvcache.Stats{Entries: 1, MemoryBytes: 400}, small.Stats())
+
+	// Logits added to an entry in memory are counted, and evict others.
+	c = memCache(t, 800+400)
+	c.Put(seq(2, 80), stateFor(80))
+	c.Put(toks, state)
+	require.Equal(t, int64(1200), c.Stats().MemoryBytes)
+	look(c, toks) // used more than seq(2, 80)
+	c.Put(toks, fill(400, 0xee), ends[0])
+	st = c.Stats()
+	assert.Equal(t, int64(400+4*60), st.MemoryBytes, "seq(2, 80) made room for the logits")
+	assert.Equal(t, uint64(1), st.Evictions[kvcache.Memory])
+	assert.False(t, c.Has(seq(2, 80)))
+	hit, ok := look(c, toks)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match)
+	assert.Len(t, hit.Logits, 60)
+}
+
+// TestPutReportsWhatIsHeld: Put reports whether an entry holds the tokens
+// afterwards (and, in memory, the logits); a nil state only adds logits to
+// an entry holding the tokens.
+func TestPutReportsWhatIsHeld(t *testing.T) {
+	full := seq(1, 60)
+	prompt := full[:40]
+	promptLogits := []float32{4, 5, 6}
+	c := memCache(t, 1000)
+	assert.False(t, c.Put(seq(1, 15), stateFor(15)), "under a block")
+	assert.False(t, c.Put(prompt, nil, kvcache.Logits{At: 40, Values: promptLogits}), "a nil state, and nothing holds the tokens")
+	assert.False(t, c.Put(prompt, []byte{}), "an empty state, and nothing holds the tokens")
+	assert.Equal(t, kvcache.Stats{}, c.Stats())
+
+	assert.True(t, c.Put(full, fill(600, 2)))
+	assert.True(t, c.Put(prompt, nil, kvcache.Logits{At: 40, Values: promptLogits}), "logits added to the entry holding the tokens")
+	st := c.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Equal(t, int64(600+4*len(promptLogits)), st.MemoryBytes)
+	hit, ok := look(c, prompt)
+	require.True(t, ok)
+	assert.Equal(t, 40, hit.Match)
+	assert.Equal(t, promptLogits, hit.Logits)
+	assert.Equal(t, fill(600, 2), hit.State)
+	assert.Equal(t, 60, hit.Positions)
+	assert.True(t, c.Put(full, nil), "held, nothing to add")
+	assert.True(t, c.Put(prompt, fill(400, 0xee)), "held: the state put is not needed")
+
+	assert.False(t, c.Put(seq(2, 120), stateFor(120)), "too large for every budget")
+	assert.False(t, c.Put(seq(3, 40), nil), "a nil state, and nothing holds the tokens")
+	assert.False(t, c.Put(branch(1, 40, 1, 50), nil, kvcache.Logits{At: 50, Values: []float32{1}}), "an entry sharing 40 of 50 tokens does not hold them")
+	st = c.Stats()
+	assert.Equal(t, 1, st.Entries)
+	assert.Equal(t, int64(600+4*len(promptLogits)), st.MemoryBytes)
+
+	// An entry on disk only holds the tokens but does not take logits.
+	dir := t.TempDir()
+	d := diskCache(t, dir, 0, 1<<20, nil)
+	assert.True(t, d.Put(full, fill(600, 2)))
+	assert.False(t, d.Put(prompt, nil, kvcache.Logits{At: 40, Values: promptLogits}), "on disk only: the logits are not added")
+	assert.True(t, d.Put(prompt, nil), "held, nothing to add")
+	st = d.Stats()
+	assert.Equal(t, kvcache.Stats{Entries: 1, DiskBytes: fileSize(ns, 60, 600)}, st, "the file is unchanged")
+	assert.Equal(t, st.DiskBytes, dirBytes(t, dir))
+	hit, ok = look(d, prompt)
+	require.True(t, ok)
+	assert.Equal(t, kvcache.Disk, hit.Tier)
+	assert.Equal(t, 39, hit.Match)
+	assert.Nil(t, hit.Logits)
 }
