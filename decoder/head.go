@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/kvcache"
 )
 
 // headProbes are questions that share nothing after "Question: ": the
@@ -34,7 +35,7 @@ func (d *Decoder) PassageHead(text string) ([]engine.Token, error) {
 		if i == 0 {
 			head = toks
 		} else {
-			head = head[:commonPrefix(head, toks)]
+			head = head[:kvcache.CommonPrefix(head, toks)]
 		}
 	}
 	return head, nil

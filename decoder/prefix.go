@@ -69,7 +69,7 @@ func (d *Decoder) templateStart() int {
 	if errA != nil || errB != nil {
 		return 0
 	}
-	d.header.system, d.header.n = system, commonPrefix(a, b)
+	d.header.system, d.header.n = system, kvcache.CommonPrefix(a, b)
 	return d.header.n
 }
 
@@ -84,7 +84,7 @@ func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 	if s < len(resident) {
 		// What the engine holds bounds what the mirror says: an owner of
 		// a shared context may have emptied the sequence since.
-		inContext = min(commonPrefix(resident[s], prompt), limit, d.ectx.SeqLen(s))
+		inContext = min(kvcache.CommonPrefix(resident[s], prompt), limit, d.ectx.SeqLen(s))
 	}
 	counts := d.templateStart() + kvcache.BlockTokens
 	if inContext == limit && len(resident[s]) >= len(prompt) && resident[s][limit] == prompt[limit] && d.ectx.SeqLen(s) >= len(prompt) {
@@ -212,13 +212,3 @@ func (d *Decoder) Retain() {
 // Restored is how many passage sequences of the last Begin started from a
 // cached prefix (held in the sequence, in memory or on disk).
 func (d *Decoder) Restored() int { return d.restored }
-
-func commonPrefix(a, b []engine.Token) int {
-	n := min(len(a), len(b))
-	for i := range n {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return n
-}

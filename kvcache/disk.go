@@ -282,7 +282,7 @@ func (d *diskStore) load(name string, want []engine.Token) ([]byte, []Logits, er
 	if crc32.Checksum(body, crcTable) != sum {
 		return nil, nil, errors.New("checksum mismatch (corrupt)")
 	}
-	if commonPrefix(toks, want) != len(want) || len(toks) != len(want) {
+	if CommonPrefix(toks, want) != len(want) || len(toks) != len(want) {
 		return nil, nil, errors.New("holds other tokens than its index entry")
 	}
 	state := body[hdr : hdr+int64(stateLen)]

@@ -399,7 +399,7 @@ func (c *Cache) longestLocked(toks []engine.Token, hashes []uint64) (*entry, int
 	// the caller a forward pass.
 	ends := func(e *entry) bool { return logitsAt(e.ends, len(toks)) != nil }
 	for _, e := range cands {
-		m := commonPrefix(e.tokens, toks)
+		m := CommonPrefix(e.tokens, toks)
 		better := m > bestMatch
 		if m == bestMatch && best != nil {
 			// On a tie prefer the entry with those logits, then the shorter
@@ -421,7 +421,8 @@ func (c *Cache) longestLocked(toks []engine.Token, hashes []uint64) (*entry, int
 	return best, bestMatch
 }
 
-func commonPrefix(a, b []engine.Token) int {
+// CommonPrefix is how many leading tokens a and b share.
+func CommonPrefix(a, b []engine.Token) int {
 	n := min(len(a), len(b))
 	for i := range n {
 		if a[i] != b[i] {
@@ -459,7 +460,7 @@ func (c *Cache) Put(toks []engine.Token, state []byte, ends ...Logits) bool {
 				continue
 			}
 			seen[e] = true
-			m := commonPrefix(e.tokens, toks)
+			m := CommonPrefix(e.tokens, toks)
 			switch {
 			case m == len(toks): // e holds toks already, or extends it
 				c.touchLocked(e)

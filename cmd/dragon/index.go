@@ -298,12 +298,14 @@ type progressBar struct {
 	drawn   bool
 }
 
-func newProgressBar(f *os.File, quiet bool) *progressBar {
+func newProgressBar(w io.Writer, quiet bool) *progressBar {
 	tty := false
-	if info, err := f.Stat(); err == nil {
-		tty = info.Mode()&os.ModeCharDevice != 0
+	if f, ok := w.(*os.File); ok {
+		if info, err := f.Stat(); err == nil {
+			tty = info.Mode()&os.ModeCharDevice != 0
+		}
 	}
-	return &progressBar{w: f, tty: tty, quiet: quiet}
+	return &progressBar{w: w, tty: tty, quiet: quiet}
 }
 
 func (b *progressBar) update(p retrieval.Progress) {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -158,12 +157,15 @@ func runIndexWarm(ctx context.Context, o warmOptions, out, errOut io.Writer) (wa
 	}
 	defer dec.Close()
 
-	bar := newWarmBar(errOut, o.quiet, len(cands))
+	bar := newProgressBar(errOut, o.quiet)
+	warmed := func(done int, disk int64) retrieval.Progress {
+		return retrieval.Progress{Phase: "warm", Done: done, Total: len(cands), Item: humanBytes(disk)}
+	}
 	// The passages after the one that stops warming (the budget, --limit)
 	// are counted, not looked at: some of them may be cached already, but
 	// telling which costs a tokenization each.
 	for i, p := range cands {
-		bar.update(i, cache.Stats().DiskBytes, false)
+		bar.update(warmed(i, cache.Stats().DiskBytes))
 		if ctx.Err() != nil {
 			rep.Interrupted = true
 			break
@@ -213,7 +215,7 @@ func runIndexWarm(ctx context.Context, o warmOptions, out, errOut io.Writer) (wa
 	}
 	st := cache.Stats()
 	rep.Entries, rep.DiskBytes = st.Entries, st.DiskBytes
-	bar.update(rep.Warmed+rep.Cached+rep.TooLong, st.DiskBytes, true)
+	bar.update(warmed(rep.Warmed+rep.Cached+rep.TooLong, st.DiskBytes))
 	bar.done()
 	printWarmReport(out, o, rep)
 	if rep.Interrupted {
@@ -314,65 +316,4 @@ func warmCandidates(ctx context.Context, dir string, m engine.Model, threads int
 		out[i] = t.p
 	}
 	return out, nil
-}
-
-// warmBar draws the progress on a terminal as one line redrawn at most
-// ten times a second, and otherwise as a line every 10%.
-type warmBar struct {
-	w       io.Writer
-	tty     bool
-	quiet   bool
-	total   int
-	start   time.Time
-	last    time.Time
-	lastPct int
-	drawn   bool
-}
-
-func newWarmBar(w io.Writer, quiet bool, total int) *warmBar {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		if info, err := f.Stat(); err == nil {
-			tty = info.Mode()&os.ModeCharDevice != 0
-		}
-	}
-	return &warmBar{w: w, tty: tty, quiet: quiet, total: total, start: time.Now(), lastPct: -1}
-}
-
-func (b *warmBar) update(done int, diskBytes int64, final bool) {
-	if b.quiet || b.total == 0 {
-		return
-	}
-	now := time.Now()
-	pct := 100 * done / b.total
-	if b.tty {
-		if !final && now.Sub(b.last) < 100*time.Millisecond {
-			return
-		}
-	} else if !final && pct/10 == b.lastPct/10 {
-		return
-	}
-	b.last, b.lastPct = now, pct
-	const width = 30
-	fill := width * done / b.total
-	line := fmt.Sprintf("warm [%s%s] %d/%d passages, %s", strings.Repeat("#", fill), strings.Repeat(".", width-fill),
-		done, b.total, humanBytes(diskBytes))
-	if el := now.Sub(b.start); done > 0 && el > time.Second && done < b.total {
-		eta := time.Duration(float64(b.total-done) / float64(done) * float64(el))
-		line += " eta " + eta.Round(time.Second).String()
-	}
-	if b.tty {
-		fmt.Fprintf(b.w, "\r%s\x1b[K", line)
-		b.drawn = true
-	} else {
-		fmt.Fprintln(b.w, line)
-	}
-}
-
-// done ends the line on a terminal.
-func (b *warmBar) done() {
-	if b.drawn {
-		fmt.Fprintln(b.w)
-		b.drawn = false
-	}
 }
