@@ -87,7 +87,7 @@ func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 		inContext = min(kvcache.CommonPrefix(resident[s], prompt), limit, d.ectx.SeqLen(s))
 	}
 	counts := d.templateStart() + kvcache.BlockTokens
-	if inContext == limit && len(resident[s]) >= len(prompt) && resident[s][limit] == prompt[limit] && d.ectx.SeqLen(s) >= len(prompt) {
+	if s < len(resident) && inContext == limit && len(resident[s]) >= len(prompt) && resident[s][limit] == prompt[limit] && d.ectx.SeqLen(s) >= len(prompt) {
 		// The sequence holds the whole prompt: with its cached logits,
 		// nothing is decoded or copied.
 		if logits := d.opts.Cache.LogitsAfter(prompt); logits != nil {
