@@ -174,6 +174,8 @@ type Decoder struct {
 	// restored how many of them began from a cached prefix.
 	own      int
 	restored int
+	// tokens remembers the tokens of recent prompts.
+	tokens promptTokens
 	// header caches templateStart for one system message.
 	header struct {
 		system string
@@ -336,9 +338,9 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	// which the prefix reuse below relies on.
 	prompts := make([][]engine.Token, 0, len(texts)+len(imported))
 	for _, text := range texts {
-		toks, err := d.model.Tokenize(text, true, true)
+		toks, err := d.tokens.tokenize(d.model, text)
 		if err != nil {
-			return fmt.Errorf("decoder: tokenize prompt: %w", err)
+			return err
 		}
 		if len(toks) == 0 {
 			return fmt.Errorf("decoder: %w: empty prompt", engine.ErrInvalidInput)
