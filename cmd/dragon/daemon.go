@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -118,6 +119,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if err != nil {
 		return nil, err
 	}
+	atLeastTwoProcs()
 	m, err := llamacpp.Load(f.model, llamacpp.Options{Threads: f.threads})
 	if err != nil {
 		return nil, fmt.Errorf("%w (make model fetches the default one)", err)
@@ -310,6 +312,17 @@ func serveAll(ctx context.Context, log *slog.Logger, f *sideFlags, h *httpServer
 }
 
 // daemonLog is the daemons' logger: info level unless --verbose.
+// atLeastTwoProcs gives the daemon a second P unless GOMAXPROCS was set.
+// Pinned to one core, Go gives it one, and a goroutine in a cgo call (a
+// forward pass, a KV restore) keeps that P until sysmon takes it back,
+// milliseconds later on an idle daemon: the peer stream's goroutines would
+// wait that long for a message that had already arrived.
+func atLeastTwoProcs() {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
+}
+
 func daemonLog(cmd *cobra.Command, name string) *slog.Logger {
 	level := slog.LevelInfo
 	if v, _ := cmd.Flags().GetBool("verbose"); v {
