@@ -2,8 +2,8 @@
 //
 //   - TTFT: a cloud and a device daemon started fresh for each
 //     configuration (device-only; dragon behind a netsim link of one-way
-//     latency L, jitter L/5), pinned and with one thread each as bench agg
-//     runs them, their caches at the defaults; every question asked cold,
+//     latency L, no jitter unless asked), pinned and with one thread each
+//     as bench agg runs them, their caches at the defaults; every question asked cold,
 //     then again warm after the others; the time to first token, the
 //     passages restored, and whether warm greedy answers equal cold ones;
 //   - restore: in this process, on one thread, prefilling a passage
@@ -50,9 +50,11 @@ type Result struct {
 	Questions          int            `json:"questions"`
 	MaxTokens          int            `json:"max_tokens"`
 	Passages           int            `json:"passages"`
-	Machine            Machine        `json:"machine"`
-	Date               string         `json:"date"`
-	WallS              float64        `json:"wall_s"`
+	// JitterFrac is the links' jitter as a fraction of their latency.
+	JitterFrac float64 `json:"jitter_frac"`
+	Machine    Machine `json:"machine"`
+	Date       string  `json:"date"`
+	WallS      float64 `json:"wall_s"`
 }
 
 // Machine describes where the benchmark ran.
@@ -138,6 +140,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		res.TTFTMS = t.TTFTMS
 		res.GreedyIdentical, res.GreedyPrompts = t.GreedyIdentical, t.GreedyPrompts
 		res.Questions, res.MaxTokens, res.Passages = len(o.TTFT.Questions), o.TTFT.MaxTokens, o.TTFT.Passages
+		for _, c := range o.TTFT.Configs {
+			if c.LatencyMS > 0 {
+				res.JitterFrac = c.JitterMS / c.LatencyMS
+			}
+		}
 	}
 	if o.Load != nil {
 		l, err := RunLoad(ctx, *o.Load)

@@ -241,7 +241,7 @@ func TestHitRates(t *testing.T) {
 }
 
 func TestConfigs(t *testing.T) {
-	cs := Configs([]float64{0, 100, 12.5})
+	cs := Configs([]float64{0, 100, 12.5}, 0.2)
 	var names []string
 	for _, c := range cs {
 		names = append(names, c.Name)
@@ -250,12 +250,14 @@ func TestConfigs(t *testing.T) {
 	assert.Equal(t, dragonv1.Mode_MODE_DEVICE_ONLY, cs[0].Mode)
 	assert.Equal(t, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, cs[2].Mode)
 	assert.Equal(t, 100.0, cs[2].LatencyMS)
+	assert.InDelta(t, 20.0, cs[2].JitterMS, 1e-9)
+	assert.Zero(t, Configs([]float64{100}, 0)[1].JitterMS)
 }
 
 // TestSummarize: medians over the questions, the restored share of the
 // decoding sides' passages, and warm answers compared with cold ones.
 func TestSummarize(t *testing.T) {
-	cfgs := Configs([]float64{0})
+	cfgs := Configs([]float64{0}, 0)
 	dev := func(ms float64, restored int, toks ...int32) Asked {
 		return Asked{Tokens: toks, TTFTMS: ms, Passages: [2]int{2, 0}, Restored: [2]int{restored, 0}}
 	}
@@ -285,7 +287,7 @@ func TestSummarize(t *testing.T) {
 // TestResultJSON: the object `dragon bench cache --json` prints has the
 // fields the issue names, where it names them.
 func TestResultJSON(t *testing.T) {
-	ttft := Summarize(Configs([]float64{0, 100}), []string{"q"}, map[string]Pass{
+	ttft := Summarize(Configs([]float64{0, 100}, 0), []string{"q"}, map[string]Pass{
 		"device-only": {Cold: []Asked{{TTFTMS: 100}}, Warm: []Asked{{TTFTMS: 10}}},
 		"dragon@0":    {Cold: []Asked{{TTFTMS: 200}}, Warm: []Asked{{TTFTMS: 20}}},
 		"dragon@100":  {Cold: []Asked{{TTFTMS: 400}}, Warm: []Asked{{TTFTMS: 40}}},

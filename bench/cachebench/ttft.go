@@ -18,19 +18,24 @@ import (
 )
 
 // Config is a configuration of the TTFT part: a mode and the link's
-// one-way latency (its jitter is a fifth of it, as bench agg has it).
+// one-way latency and jitter (the standard deviation of a normal delay).
 type Config struct {
 	Name      string
 	Mode      dragonv1.Mode
 	LatencyMS float64
+	JitterMS  float64
 }
 
 // Configs are device-only, then dragon at each one-way latency
-// ("dragon@0", "dragon@100").
-func Configs(latencies []float64) []Config {
+// ("dragon@0", "dragon@100") with jitter jitterFrac × latency. The
+// targets subtract 2L from a time to first token, which is exact only on a
+// link without jitter: on a jittery one each message is delayed by its own
+// draw, and the first token waits for the latest of several.
+func Configs(latencies []float64, jitterFrac float64) []Config {
 	out := []Config{{Name: "device-only", Mode: dragonv1.Mode_MODE_DEVICE_ONLY}}
 	for _, l := range latencies {
-		out = append(out, Config{Name: "dragon@" + strconv.FormatFloat(l, 'f', -1, 64), Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, LatencyMS: l})
+		out = append(out, Config{Name: "dragon@" + strconv.FormatFloat(l, 'f', -1, 64), Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION,
+			LatencyMS: l, JitterMS: l * jitterFrac})
 	}
 	return out
 }
@@ -124,7 +129,7 @@ func runConfig(ctx context.Context, o TTFTOptions, cfg Config) (p Pass, err erro
 		return p, err
 	}
 	defer func() { err = errors.Join(err, cloud.Stop(10*time.Second)) }()
-	shape := netsim.Shape{Latency: time.Duration(cfg.LatencyMS * float64(time.Millisecond)), Jitter: time.Duration(cfg.LatencyMS / 5 * float64(time.Millisecond))}
+	shape := netsim.Shape{Latency: time.Duration(cfg.LatencyMS * float64(time.Millisecond)), Jitter: time.Duration(cfg.JitterMS * float64(time.Millisecond))}
 	link, err := netsim.NewLink(shape, 1)
 	if err != nil {
 		return p, err

@@ -30,7 +30,7 @@ func newBenchCacheCmd() *cobra.Command {
 		questions, maxTokens, passages   int
 		repeats                          int
 		loadRequests, loadTokens, pool   int
-		zipfS                            float64
+		zipfS, jitter                    float64
 		seed                             uint64
 		asJSON                           bool
 		skipLoad, skipTTFT, skipRestore  bool
@@ -41,7 +41,7 @@ func newBenchCacheCmd() *cobra.Command {
 		Long: `Three measurements of the daemons' KV prefix cache.
 
 TTFT: for device-only and for dragon at each --latencies one-way latency
-(netsim, jitter L/5), a fresh cloud and device daemon (cores 0 and 1, one
+(netsim; no jitter unless --jitter, since the target subtracts 2L), a fresh cloud and device daemon (cores 0 and 1, one
 thread each, as bench agg; caches at their defaults, memory only) answer
 each of --questions built-in questions once (cold), then each again after
 the others (warm), greedily with --max-tokens tokens. Medians of the time to
@@ -70,6 +70,9 @@ Needs make model, make corpus, make index and make profile first.`,
 			}
 			if maxTokens < 1 || passages < 1 || repeats < 1 || loadRequests < 1 || loadTokens < 1 || pool < 1 {
 				return fmt.Errorf("--max-tokens, --passages, --repeats, --load-requests, --load-max-tokens and --load-passages-pool must be positive")
+			}
+			if jitter < 0 || jitter > 1 {
+				return fmt.Errorf("--jitter %v: between 0 and 1", jitter)
 			}
 			lats, err := parseFloats(latencies)
 			if err != nil {
@@ -105,7 +108,7 @@ Needs make model, make corpus, make index and make profile first.`,
 				o.TTFT = &cachebench.TTFTOptions{
 					Binary: binary, Model: model, CloudIndex: cloudIx, DeviceIndex: deviceIx,
 					CloudProfile: cloudProfile, DeviceProfile: deviceProfile, CloudCores: "0", DeviceCores: "1",
-					Questions: promptset.Questions[:questions], Configs: cachebench.Configs(lats),
+					Questions: promptset.Questions[:questions], Configs: cachebench.Configs(lats, jitter),
 					MaxTokens: maxTokens, Passages: passages, Log: logf,
 				}
 			}
@@ -174,6 +177,7 @@ Needs make model, make corpus, make index and make profile first.`,
 	f.IntVar(&maxTokens, "max-tokens", 16, "tokens per answer of the TTFT part")
 	f.IntVar(&passages, "passages", 2, "passages per side")
 	f.StringVar(&latencies, "latencies", "0,100", "one-way latencies of the dragon configurations, in ms")
+	f.Float64Var(&jitter, "jitter", 0, "the links' jitter (normal, standard deviation) as a fraction of their latency; bench agg uses 0.2")
 	f.IntVar(&repeats, "repeats", 5, "repeats of each passage in the restore part")
 	f.StringVar(&restoreCore, "restore-core", "0", "core to pin this process to for the restore part (empty: no pinning)")
 	f.StringVar(&concurrency, "load-concurrency", "1,8", "numbers of clients at once in the load part")
