@@ -21,10 +21,10 @@ export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 
-APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler shellcheck iproute2
+APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler shellcheck iproute2 cmake
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -47,6 +47,12 @@ $(BUILD)/include/llamacpp/llama.h:
 	@dir=$$($(GO) mod download -json $(OLLAMA) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); \
 	install -m 644 $$dir/ml/backend/ggml/ggml/include/ggml*.h $$dir/ml/backend/ggml/ggml/include/gguf.h $(@D)/ && \
 	install -m 644 $$dir/llama/llama.cpp/include/llama.h $@
+
+# Upstream llama.cpp 0c1e57098 (the source of PyPI's llama-cpp-python
+# 0.3.36) and its llama-bench, built on their own in build/llama-upstream
+# for side-by-side benchmarks; the engine still links the ollama module's.
+llama-upstream: deps
+	LLAMA_BENCH=1 scripts/build-llama.sh $(BUILD)/llama-upstream
 
 model: $(MODEL)
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds upstream llama.cpp as pinned for the engine switch (issue 19) into
+# OUT (default build/llama-upstream): static libraries in lib/ and their
+# headers in include/; with LLAMA_BENCH=1 also upstream's llama-bench in
+# bin/ (it needs llama.cpp's large common library; the libraries do not).
+#
+# The source is the one PyPI's llama-cpp-python 0.3.36 vendors (upstream
+# llama.cpp 0c1e57098, 2026-10-01; ggml 0.25.3), fetched as its source
+# package and checked against a SHA-256. GGML_NATIVE=OFF builds for
+# x86-64-v3 (AVX2, FMA, F16C, BMI2) instead of this machine's CPU.
+#
+# A no-op when OUT/BUILD records this very source and these flags.
+set -euo pipefail
+out=${1:-build/llama-upstream}
+pkg=llama-cpp-python
+ver=0.3.36
+sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+jobs=$(nproc)
+# OpenMP off: ggml's own thread pool, so a one-thread context starts no
+# other threads.
+flags=(
+  -DCMAKE_BUILD_TYPE=Release
+  -DBUILD_SHARED_LIBS=OFF
+  -DGGML_NATIVE="${GGML_NATIVE:-ON}"
+  -DGGML_OPENMP=OFF
+  -DLLAMA_CURL=OFF
+  -DLLAMA_BUILD_TESTS=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_SERVER=OFF
+  -DLLAMA_BUILD_TOOLS=ON
+)
+want="$pkg==$ver sha256:$sha ${flags[*]}"
+targets=(llama)
+if [ "${LLAMA_BENCH:-0}" = 1 ]; then
+  targets+=(llama-bench)
+fi
+if [ -f "$out/BUILD" ] && [ "$(cat "$out/BUILD")" = "$want" ] && { [ "${LLAMA_BENCH:-0}" != 1 ] || [ -x "$out/bin/llama-bench" ]; }; then
+  touch "$out/BUILD" # newer than the script, for make
+  exit 0
+fi
+for tool in cmake c++ python3; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is needed to build llama.cpp (make deps installs it)" >&2; exit 1; }
+done
+
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+echo "fetching $pkg==$ver (source package) from PyPI..." >&2
+python3 -m pip download --quiet --no-deps --no-binary :all: --disable-pip-version-check -d "$src" "$pkg==$ver"
+tarball="$src/llama_cpp_python-$ver.tar.gz"
+if ! echo "$sha  $tarball" | sha256sum -c --status; then
+  echo "error: $pkg $ver from PyPI does not match SHA-256 $sha" >&2
+  exit 1
+fi
+tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
+lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
+
+echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2
+cmake -S "$lsrc" -B "$src/build" "${flags[@]}" >"$src/cmake.log" 2>&1 || { cat "$src/cmake.log" >&2; exit 1; }
+cmake --build "$src/build" -j "$jobs" --target "${targets[@]}" >>"$src/cmake.log" 2>&1 || { tail -50 "$src/cmake.log" >&2; exit 1; }
+
+rm -rf "$out"
+mkdir -p "$out/lib" "$out/include"
+find "$src/build" -name '*.a' \( -name 'libllama.a' -o -name 'libggml*.a' \) -exec install -m 644 {} "$out/lib/" \;
+install -m 644 "$lsrc/include/llama.h" "$lsrc"/ggml/include/*.h "$out/include/"
+if [ "${LLAMA_BENCH:-0}" = 1 ]; then
+  install -D -m 755 "$src/build/bin/llama-bench" "$out/bin/llama-bench"
+fi
+for lib in libllama.a libggml.a libggml-base.a libggml-cpu.a; do
+  [ -f "$out/lib/$lib" ] || { echo "error: the build made no $lib" >&2; exit 1; }
+done
+echo "$want" >"$out/BUILD"
+echo "llama.cpp built into $out" >&2
