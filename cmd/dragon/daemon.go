@@ -311,7 +311,6 @@ func serveAll(ctx context.Context, log *slog.Logger, f *sideFlags, h *httpServer
 	return first
 }
 
-// daemonLog is the daemons' logger: info level unless --verbose.
 // atLeastTwoProcs gives the daemon a second P unless GOMAXPROCS was set.
 // Pinned to one core, Go gives it one, and a goroutine in a cgo call (a
 // forward pass, a KV restore) keeps that P until sysmon takes it back,
@@ -323,6 +322,7 @@ func atLeastTwoProcs() {
 	}
 }
 
+// daemonLog is the daemons' logger: info level unless --verbose.
 func daemonLog(cmd *cobra.Command, name string) *slog.Logger {
 	level := slog.LevelInfo
 	if v, _ := cmd.Flags().GetBool("verbose"); v {
