@@ -100,6 +100,13 @@ func Handshake(ctx context.Context, c Conn, ours *dragonv1.Hello) (*dragonv1.Hel
 // before the peer's Hello comes back (the device pipelines its Begin).
 func SendHello(c Conn, ours *dragonv1.Hello) error {
 	if err := c.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: ours}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The peer ended the stream before our Hello went out (a refused
+			// token, say): why is in the status Recv returns.
+			if _, rerr := c.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
+				err = rerr
+			}
+		}
 		return fmt.Errorf("handshake: send hello: %w", err)
 	}
 	return nil
