@@ -13,8 +13,8 @@ const recentPrompts = 64
 
 // promptTokens remembers the tokens of recent prompts. A prompt recurs
 // whenever a question retrieves the same passage again, and tokenizing a
-// passage's prompt (about 0.4 ms on one thread) was most of what a warm
-// answer did before its first token once the KV came from the cache.
+// passage's prompt was a large share of what a warm answer did before its
+// first token once the KV came from the cache.
 type promptTokens struct {
 	order []string // oldest first
 	toks  map[string][]engine.Token
