@@ -9,50 +9,36 @@ MODEL_SRC := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
 MODEL_Q8_SHA := 7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508
 THREADS ?= 2
-MALGO := github.com/gen2brain/malgo@v0.11.24
-OLLAMA := github.com/ollama/ollama@v0.17.4
-
-# cgo settings for llama.cpp (vendored by github.com/ollama/ollama/llama):
-# miniaudio.h is missing from the module zip, and without -march ggml builds
-# with no SIMD at all.
+# The engine links the static llama.cpp that scripts/build-llama.sh builds
+# into build/llama (engine/llamacpp's #cgo lines name it). Go's build cache
+# does not see those libraries, so the hash of their build record goes
+# into the cgo flags: a rebuilt llama.cpp relinks the binary.
+LLAMA := $(BUILD)/llama
 export CGO_ENABLED := 1
-export CGO_CPPFLAGS := -I$(BUILD)/include -DGGML_USE_CPU_REPACK
+export CGO_CPPFLAGS = -DDRAGON_LLAMA_BUILD=$(shell cat $(LLAMA)/BUILD 2>/dev/null | sha256sum | cut -c1-16)
 export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)
 
-APT_PKGS := nlohmann-json3-dev libstb-dev protobuf-compiler shellcheck iproute2 cmake
+APT_PKGS := protobuf-compiler shellcheck iproute2 cmake
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps llama-upstream proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
-deps: $(BUILD)/include/miniaudio/miniaudio.h $(BUILD)/include/llamacpp/llama.h
+deps:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+	@scripts/build-llama.sh $(LLAMA)
 
-# llama.cpp's mtmd includes "miniaudio/miniaudio.h"; the Go module of malgo ships it.
-$(BUILD)/include/miniaudio/miniaudio.h:
-	@mkdir -p $(@D)
-	install -m 644 "$$($(GO) mod download -json $(MALGO) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/miniaudio.h" $@
-
-# Our cgo shim (engine/llamacpp) compiles against the headers of the very
-# llama.cpp that the pinned ollama module vendors.
-$(BUILD)/include/llamacpp/llama.h:
-	@mkdir -p $(@D)
-	@dir=$$($(GO) mod download -json $(OLLAMA) | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); \
-	install -m 644 $$dir/ml/backend/ggml/ggml/include/ggml*.h $$dir/ml/backend/ggml/ggml/include/gguf.h $(@D)/ && \
-	install -m 644 $$dir/llama/llama.cpp/include/llama.h $@
-
-# Upstream llama.cpp 0c1e57098 (the source of PyPI's llama-cpp-python
-# 0.3.36) and its llama-bench, built on their own in build/llama-upstream
-# for side-by-side benchmarks; the engine still links the ollama module's.
+# The same llama.cpp with upstream's own llama-bench and default kernels
+# (llamafile's on), in build/llama-upstream, for side-by-side benchmarks.
 llama-upstream: deps
-	LLAMA_BENCH=1 scripts/build-llama.sh $(BUILD)/llama-upstream
+	LLAMA_BENCH=1 LLAMAFILE=ON scripts/build-llama.sh $(BUILD)/llama-upstream
 
 model: $(MODEL)
 

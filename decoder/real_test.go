@@ -65,18 +65,20 @@ func TestRealSpeculativeGreedyIsPlainGreedy(t *testing.T) {
 
 // TestRealTreeRowsAndCommits: with the real model, on llama.cpp's unified
 // KV buffer, verifying a tree of several branches gives every node below
-// the root bit for bit the mixture plain decoding computes after the
+// the root, to within rounding, the mixture plain decoding computes after the
 // node's path, and committing any path, on the passage's own sequence or
 // another branch's, leaves the passages as if only that path had been
 // decoded. The reference decodes the same tokens in batches of the same
 // shapes on the same kind of buffer: llama.cpp's results depend on both
 // (the root row, one row of a many-row pass here but a one-row pass in
 // plain decoding, differs by up to 0.01 in probability; DESIGN-NOTES).
-// With one passage the rows agree to 1e-6, which is what this test holds
-// them to. (With four, the passes have different total sizes, which
-// llama.cpp's matrix kernels tile differently, and rows move by up to
-// 2e-3; the fake-backend tests cover several passages exactly, and
-// engine's TestUnifiedHolesKeepLogits the layouts several passages leave.)
+// With one passage the rows agree to within 2.2e-4 in probability when
+// measured: a branch's cells lie among the other branches', and
+// llama.cpp's attention sums over the unified buffer in cell order (up to
+// 0.018 in engine's TestUnifiedLayoutsKeepLogitsClose), so this test holds
+// them to 0.02, below what a wrong path or mask moves (0.23 there).
+// One passage keeps it short; the fake-backend tests cover several
+// passages exactly.
 func TestRealTreeRowsAndCommits(t *testing.T) {
 	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
@@ -109,7 +111,7 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 	tree.Finish()
 	require.Len(t, tree.Leaves, 3)
 	corr := tok(" not")
-	const n, rowTolerance = 1, 1e-6 // passages; see above
+	const n, rowTolerance = 1, 0.02 // passages; see above
 	prompts, err := promptset.BuiltIn(testmodel.CorpusDir(t), 4, n)
 	require.NoError(t, err)
 	for _, p := range prompts {

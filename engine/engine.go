@@ -98,9 +98,10 @@ type ContextOptions struct {
 	// Unified keeps all sequences in one KV buffer: needed for tokens that
 	// belong to several sequences (token trees) and partial CopySeq;
 	// otherwise each sequence has its own stream (backend permitting). On
-	// llama.cpp a unified context computes attention without the flash
-	// kernel, which is wrong once removals put a sequence's cells out of
-	// position order.
+	// llama.cpp a sequence's results in a unified context depend, within
+	// rounding, on where its cells lie among the other sequences' (attention
+	// sums over the cells in buffer order), so they are not bit for bit those
+	// of the sequence alone.
 	Unified bool
 	// Cells is the size of the unified KV buffer (0: CtxPerSeq·MaxSeqs).
 	// Sequences that share a prefix share its cells, so many short-lived

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Builds upstream llama.cpp as pinned for the engine switch (issue 19) into
-# OUT (default build/llama-upstream): static libraries in lib/ and their
-# headers in include/; with LLAMA_BENCH=1 also upstream's llama-bench in
-# bin/ (it needs llama.cpp's large common library; the libraries do not).
+# Builds the pinned llama.cpp into OUT (default build/llama): static
+# libraries in lib/ and their headers in include/; with LLAMA_BENCH=1 also
+# upstream's llama-bench in bin/ (it needs llama.cpp's large common
+# library; the libraries do not).
 #
 # The source is the one PyPI's llama-cpp-python 0.3.36 vendors (upstream
 # llama.cpp 0c1e57098, 2026-10-01; ggml 0.25.3), fetched as its source
 # package and checked against a SHA-256. GGML_NATIVE=OFF builds for
 # x86-64-v3 (AVX2, FMA, F16C, BMI2) instead of this machine's CPU.
 #
+# llamafile's matrix kernels are off (LLAMAFILE=ON turns them on, as
+# upstream's default): with them a row's result depends on how many rows
+# share its pass, and the engine's exactness (cached = uncached, batched =
+# alone) needs it not to (docs/DESIGN-NOTES.md).
+#
 # A no-op when OUT/BUILD records this very source and these flags.
 set -euo pipefail
-out=${1:-build/llama-upstream}
+out=${1:-build/llama}
 pkg=llama-cpp-python
 ver=0.3.36
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
@@ -23,6 +28,7 @@ flags=(
   -DBUILD_SHARED_LIBS=OFF
   -DGGML_NATIVE="${GGML_NATIVE:-ON}"
   -DGGML_OPENMP=OFF
+  -DGGML_LLAMAFILE="${LLAMAFILE:-OFF}"
   -DLLAMA_CURL=OFF
   -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF

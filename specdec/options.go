@@ -64,7 +64,7 @@ const DefaultTreeBudget = 16
 // the prefill a quarter to a third longer, and reused segments land where
 // nothing else is proposed and are hardly ever accepted. Token trees (TreeBudget > 1,
 // e.g. DefaultTreeBudget) are opt-in too: they need a unified KV buffer,
-// where llama.cpp's flash attention can't be used, and on a 2-core CPU the
+// where llama.cpp's results move within rounding with the cell layout, and on a 2-core CPU the
 // cost model hardly ever grows one (docs/BENCHMARKS.md).
 func DefaultOptions() Options {
 	return Options{

@@ -154,7 +154,7 @@ from --index, decode one sequence per passage, mix.`,
 	f.IntVar(&threads, "threads", 2, "compute threads")
 	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate (with --device: default the daemon's)")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
-	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees disable flash attention)")
+	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees need a unified KV buffer)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
 	addSamplingFlags(f, &sp)
 	remote.register(cmd)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"github.com/spf13/cobra"
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
@@ -16,9 +18,9 @@ func newQuantizeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "quantize --in MODEL --out MODEL --type q8_0",
 		Short: "Rewrite a GGUF model with another weight type (llama.cpp's quantizer)",
-		Long: "Rewrite a GGUF model with another weight type. The default model ships as Q4_1, whose batched\n" +
-			"matrix products have no fast kernel on x86 CPUs; Q8_0 has one, which is what batched verification\n" +
-			"and multi-passage decoding need (see docs/BENCHMARKS.md).",
+		Long: "Rewrite a GGUF model with another weight type, every matrix in that one type. Types differ\n" +
+			"in speed per pass (by the kernels this CPU has) and in quality (the default model ships as 4-bit\n" +
+			"Q4_1, so another 4-bit type loses some): docs/BENCHMARKS.md measures both.",
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return llamacpp.Quantize(in, out, ftype, threads)
 		},
@@ -26,7 +28,7 @@ func newQuantizeCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&in, "in", "", "input GGUF")
 	f.StringVar(&out, "out", "", "output GGUF")
-	f.StringVar(&ftype, "type", "q8_0", "weight type: q8_0, q4_0, iq4_nl, q5_0 or f16")
+	f.StringVar(&ftype, "type", "q8_0", "weight type: "+strings.Join(llamacpp.WeightTypes(), ", "))
 	f.IntVar(&threads, "threads", 2, "threads")
 	_ = cmd.MarkFlagRequired("in")
 	_ = cmd.MarkFlagRequired("out")

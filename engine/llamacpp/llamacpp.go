@@ -1,18 +1,18 @@
-// Package llamacpp is the llama.cpp backend of engine, on the llama.cpp that
-// github.com/ollama/ollama/llama (pinned at v0.17.4) vendors and builds.
+// Package llamacpp is the llama.cpp backend of engine, on upstream
+// llama.cpp 0c1e57098 (ggml 0.25.3) as PyPI's llama-cpp-python 0.3.36
+// vendors it, linked statically.
 //
-// The ollama package provides the compiled llama.cpp, backend
-// initialisation and the routing of llama.cpp's log to slog's level. Our own
-// cgo (shim.c) talks to llama.h directly for everything on the hot path, so
-// that one decode is one cgo call, an abort is told apart from a full KV
-// cache, and no unexported field of the binding is touched.
+// A small C layer (shim.c) talks to llama.h for everything on the hot path,
+// so that one decode is one cgo call and an abort is told apart from a full
+// KV cache; llama.cpp's log goes to slog.
 //
-// Build: `make deps` puts llama.h (from the pinned module) and miniaudio.h in
-// build/include, and the Makefile sets CGO_CPPFLAGS and the -march flags.
+// Build: `make deps` builds the libraries and headers into build/llama
+// (scripts/build-llama.sh); the Makefile sets the -march flags.
 package llamacpp
 
 /*
-#cgo CFLAGS: -std=c11
+#cgo CFLAGS: -std=c11 -I${SRCDIR}/../../build/llama/include
+#cgo LDFLAGS: -L${SRCDIR}/../../build/llama/lib -lllama -lggml -lggml-cpu -lggml-base -lstdc++ -lm -ldl -lpthread
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -26,13 +26,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"runtime"
 	"sync"
 	"time"
 	"unsafe"
-
-	ollama "github.com/ollama/ollama/llama"
 
 	"github.com/dragon-rag/dragon/engine"
 )
@@ -42,11 +41,15 @@ var backendOnce sync.Once
 // Build names the llama.cpp this package runs. A sequence state it saves
 // loads only into contexts of the same build and KV settings, so caches of
 // states key on both (KVSettings).
-const Build = "llama.cpp ec98e2002 (ollama v0.17.4)"
+const Build = "llama.cpp 0c1e57098 (ggml " + ggmlVersion + ", llamafile off)"
+
+// ggmlVersion is the ggml the pinned llama.cpp carries; a library that
+// reports another is refused at start-up.
+const ggmlVersion = "0.25.3"
 
 // KVSettings are the context settings that change the bytes of a saved
-// sequence state: f16 K and V always, and the V layout, which depends on
-// flash attention, which unified contexts turn off (shim.c).
+// sequence state: f16 K and V always (with flash attention off, V is
+// stored transposed), and whether the buffer is unified.
 func KVSettings(unified bool) []string {
 	return []string{"kv=f16", fmt.Sprintf("unified=%t", unified)}
 }
@@ -80,6 +83,9 @@ func Load(path string, opts Options) (*Model, error) {
 		return nil, err
 	}
 	backendOnce.Do(initBackend)
+	if errBackend != nil {
+		return nil, errBackend
+	}
 
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
@@ -590,7 +596,31 @@ func (c *Context) Close() error {
 	return nil
 }
 
+var errBackend error
+
 func initBackend() {
-	ollama.BackendInit()
+	if v := C.GoString(C.ggml_version()); v != ggmlVersion {
+		errBackend = fmt.Errorf("llamacpp: linked against ggml %s, this build needs %s (llama.cpp 0c1e57098): rebuild with make deps", v, ggmlVersion)
+		return
+	}
+	C.llama_backend_init()
 	C.dragon_log_install()
+}
+
+// logLevel carries a continued line's level (GGML_LOG_LEVEL_CONT).
+var logLevel = slog.LevelInfo
+
+// dragonLlamaLog receives llama.cpp's log text (shim.c has dropped the
+// lines of aborted decodes) and writes it to stderr as it comes, when
+// slog's default handler is enabled at its level: debug lines only when
+// debugging, and the rest unless the log is quieter.
+//
+//export dragonLlamaLog
+func dragonLlamaLog(level C.int, text *C.char) {
+	if level != C.GGML_LOG_LEVEL_CONT {
+		logLevel = slog.Level(4 * (int(level) - C.GGML_LOG_LEVEL_INFO))
+	}
+	if slog.Default().Enabled(context.Background(), logLevel) {
+		fmt.Fprint(os.Stderr, C.GoString(text))
+	}
 }

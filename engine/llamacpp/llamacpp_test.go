@@ -385,36 +385,69 @@ func TestFingerprintStable(t *testing.T) {
 	assert.True(t, strings.HasPrefix(m.Info().Fingerprint, "llama/"))
 }
 
-// TestUnifiedHolesKeepLogits: in a unified buffer a removal leaves free
-// cells that later tokens of another sequence fill, so that sequence's
-// cells are no longer in position order. llama.cpp's CPU flash attention
-// gets such a layout wrong (0.45 logit error when measured); unified
-// contexts therefore compute attention without it and must match a fresh
-// decode.
-func TestUnifiedHolesKeepLogits(t *testing.T) {
+// TestUnifiedLayoutsKeepLogitsClose: in a unified buffer a sequence's
+// cells lie among other sequences' cells, and a removal leaves free cells
+// that later tokens fill out of position order. Attention then sums over
+// the cells in buffer order and over more of them, so the results move
+// within rounding (which Q8_0's quantized activations magnify: 0.36 in a
+// logit, 0.018 in a probability when measured), but never by what
+// attending to another sequence's tokens does (the control: 7.8 and 0.23).
+func TestUnifiedLayoutsKeepLogitsClose(t *testing.T) {
 	m := loadReal(t)
 	ctx := context.Background()
 	a := tokens(t, m, "The lighthouse keeper lit the lamp at dusk and watched the sea.")
 	b := tokens(t, m, "Tides rise twice a day along the rocky coast of the island, they say")
-	decodeFrom := func(c *Context, toks []engine.Token, seq, from int) []float32 {
+	decodeFrom := func(c *Context, toks []engine.Token, seq, from, pos0 int) []float32 {
 		var bt engine.Batch
 		for i := from; i < len(toks); i++ {
-			bt.Add(toks[i], i, i == len(toks)-1, seq)
+			bt.Add(toks[i], pos0+i, i == len(toks)-1, seq)
 		}
 		require.NoError(t, c.Decode(ctx, &bt))
 		out, err := c.Logits(len(toks)-1-from, nil)
 		require.NoError(t, err)
 		return out
 	}
+	const probTolerance = 0.05
 	opts := engine.ContextOptions{CtxPerSeq: 128, MaxSeqs: 2, Unified: true}
-	want := decodeFrom(newCtx(t, m, opts), b, 0, 0)
+	want := decodeFrom(newCtx(t, m, opts), b, 0, 0, 0)
 
 	c := newCtx(t, m, opts)
-	decodeFrom(c, a, 0, 0)
-	decodeFrom(c, b[:6], 1, 0)
+	decodeFrom(c, a, 0, 0, 0)
+	decodeFrom(c, b[:6], 1, 0, 0)
 	require.NoError(t, c.Truncate(0, 3)) // frees cells before sequence 1's
-	got := decodeFrom(c, b, 1, 6)        // b[6:] land in them, out of order
-	assert.LessOrEqual(t, maxAbsDiff(want, got), 1e-3)
+	got := decodeFrom(c, b, 1, 6, 0)     // b[6:] land in them, out of order
+	assert.Equal(t, argmax(want), argmax(got))
+	assert.LessOrEqual(t, maxAbsDiff(probs(want), probs(got)), probTolerance)
+
+	leaky := newCtx(t, m, opts)
+	decodeFrom(leaky, a, 0, 0, 0)
+	leak := decodeFrom(leaky, b, 0, 0, len(a)) // b sees a: what a masking error does
+	assert.Greater(t, maxAbsDiff(probs(want), probs(leak)), 2*probTolerance, "the control must fail the tolerance")
+}
+
+func argmax(l []float32) int {
+	best := 0
+	for i, v := range l {
+		if v > l[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func probs(logits []float32) []float32 {
+	top := logits[argmax(logits)]
+	out := make([]float32, len(logits))
+	var sum float64
+	for i, v := range logits {
+		e := math.Exp(float64(v - top))
+		out[i] = float32(e)
+		sum += e
+	}
+	for i := range out {
+		out[i] = float32(float64(out[i]) / sum)
+	}
+	return out
 }
 
 // TestSeqStateMovesBetweenContexts: a sequence prefilled in one context

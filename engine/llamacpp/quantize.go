@@ -2,39 +2,55 @@ package llamacpp
 
 /*
 #include <stdlib.h>
-#include "llamacpp/llama.h"
+#include "llama.h"
 */
 import "C"
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"unsafe"
 
 	"github.com/dragon-rag/dragon/engine"
 )
 
-// Weight types Quantize can produce.
+// Weight types Quantize can produce. Every matrix gets the one type (no
+// K-quant mixes), so a type's speed and quality are measured alone.
 var ftypes = map[string]C.enum_llama_ftype{
 	"f16":    C.LLAMA_FTYPE_MOSTLY_F16,
 	"q8_0":   C.LLAMA_FTYPE_MOSTLY_Q8_0,
-	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
+	"q6_k":   C.LLAMA_FTYPE_MOSTLY_Q6_K,
+	"q5_k":   C.LLAMA_FTYPE_MOSTLY_Q5_K_M,
 	"q5_0":   C.LLAMA_FTYPE_MOSTLY_Q5_0,
+	"q4_k":   C.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+	"q4_1":   C.LLAMA_FTYPE_MOSTLY_Q4_1,
+	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
 	"iq4_nl": C.LLAMA_FTYPE_MOSTLY_IQ4_NL,
 }
 
-// Quantize rewrites the model at in with weights of type ftype ("q8_0",
-// "q4_0", "iq4_nl", "q5_0", "f16") into out. Already-quantized weights are
-// dequantized first. Used to move a model onto a weight type whose batched
-// matrix kernels are fast on this CPU (see docs/BENCHMARKS.md).
+// WeightTypes lists the types Quantize can produce.
+func WeightTypes() []string {
+	return slices.Sorted(maps.Keys(ftypes))
+}
+
+// Quantize rewrites the model at in with weights of type ftype (one of
+// WeightTypes) into out. Already-quantized weights are dequantized first.
+// Used to move a model onto a weight type whose matrix kernels are fast on
+// this CPU (see docs/BENCHMARKS.md).
 func Quantize(in, out, ftype string, threads int) error {
 	ft, ok := ftypes[ftype]
 	if !ok {
-		return fmt.Errorf("%w: unknown weight type %q (want q8_0, q4_0, iq4_nl, q5_0 or f16)", engine.ErrInvalidInput, ftype)
+		return fmt.Errorf("%w: unknown weight type %q (want one of %s)", engine.ErrInvalidInput, ftype, strings.Join(WeightTypes(), ", "))
 	}
 	if err := checkGGUF(in); err != nil {
 		return err
 	}
 	backendOnce.Do(initBackend)
+	if errBackend != nil {
+		return errBackend
+	}
 	cin := C.CString(in)
 	defer C.free(unsafe.Pointer(cin))
 	cout := C.CString(out)

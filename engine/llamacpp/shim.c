@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "shim.h"
+#include "_cgo_export.h"
 
 struct dragon_ctx {
     struct llama_context *ctx;
@@ -59,13 +60,11 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
     p.kv_unified = unified != 0;
-    if (unified) {
-        // Removals in a unified buffer leave free cells that later tokens
-        // fill, so a sequence's cells stop being in position order, and
-        // this llama.cpp's CPU flash attention then computes wrong
-        // attention (TestUnifiedHolesKeepLogits); the plain path is exact.
-        p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    }
+    // CPU flash attention accumulates in f16 in the order of the cells and
+    // of the prompt's pieces, so a prompt prefilled in two parts, or
+    // restored from a saved state, would not continue exactly as one
+    // prefilled whole; the plain path does (docs/DESIGN-NOTES.md).
+    p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     p.no_perf = true;
 
     dragon_ctx *c = calloc(1, sizeof(*c));
@@ -97,11 +96,8 @@ void dragon_ctx_free(dragon_ctx *c) {
 
 struct llama_context *dragon_ctx_llama(dragon_ctx *c) { return c->ctx; }
 
-// Contexts whose abort flag is raised, and the log callback that was
-// installed before ours.
+// How many contexts have their abort flag raised.
 static atomic_int dragon_aborting;
-static ggml_log_callback dragon_prev_log;
-static void *dragon_prev_log_data;
 
 void dragon_abort(dragon_ctx *c, int on) {
     int was = atomic_exchange_explicit(&c->abort, on, memory_order_relaxed);
@@ -112,27 +108,22 @@ void dragon_abort(dragon_ctx *c, int on) {
     }
 }
 
-// dragon_log drops the three error lines llama.cpp prints for a decode
-// that an abort stopped (a rejection making a pass stale is routine; the
-// caller gets engine.ErrAborted) and passes everything else on.
+// dragon_log drops the lines llama.cpp prints for a decode that an abort
+// stopped (a rejection making a pass stale is routine; the caller gets
+// engine.ErrAborted, and the pass's cells are removed as it says) and
+// passes everything else on.
 static void dragon_log(enum ggml_log_level level, const char *text, void *data) {
     (void)data;
-    if (level == GGML_LOG_LEVEL_ERROR && atomic_load(&dragon_aborting) > 0 &&
+    if ((level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) && atomic_load(&dragon_aborting) > 0 &&
         (strstr(text, "graph_compute_async failed") != NULL || strstr(text, "failed to compute graph") != NULL ||
-         strstr(text, "failed to decode, ret = 2") != NULL)) {
+         strstr(text, "failed to decode, ret = 2") != NULL ||
+         strstr(text, "removing memory module entries") != NULL)) {
         return;
     }
-    if (dragon_prev_log != NULL) {
-        dragon_prev_log(level, text, dragon_prev_log_data);
-    }
+    dragonLlamaLog((int)level, (char *)text);
 }
 
-void dragon_log_install(void) {
-    llama_log_get(&dragon_prev_log, &dragon_prev_log_data);
-    if (dragon_prev_log != dragon_log) {
-        llama_log_set(dragon_log, NULL);
-    }
-}
+void dragon_log_install(void) { llama_log_set(dragon_log, NULL); }
 
 int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
                       const int32_t *nseq, const int32_t *seqs, const int8_t *logits) {
@@ -172,7 +163,7 @@ static bool dragon_quiet_progress(float progress, void *data) {
 
 struct llama_model *dragon_model_load(const char *path) {
     struct llama_model_params p = llama_model_default_params();
-    p.use_mmap = true;
+    p.load_mode = LLAMA_LOAD_MODE_MMAP;
     p.n_gpu_layers = 0;
     p.progress_callback = dragon_quiet_progress;  // no dots on stderr
     return llama_model_load_from_file(path, p);

@@ -1,12 +1,11 @@
-// A thin C layer over llama.cpp for what the ollama Go binding does not
-// expose: aborting a decode from another thread, telling an abort apart from
-// a full KV cache, filling a batch and decoding it in one cgo call, and
-// toggling embeddings output.
+// A thin C layer over llama.cpp: aborting a decode from another thread,
+// telling an abort apart from a full KV cache, filling a batch and decoding
+// it in one cgo call, toggling embeddings output, and the log filter.
 #ifndef DRAGON_SHIM_H
 #define DRAGON_SHIM_H
 
 #include <stdint.h>
-#include "llamacpp/llama.h"
+#include "llama.h"
 
 typedef struct dragon_ctx dragon_ctx;
 
@@ -30,8 +29,8 @@ int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int
 // llama_decode, to tell llama.cpp's cost from the wrapper's.
 int64_t dragon_last_decode_ns(dragon_ctx *c);
 
-// dragon_log_install puts a filter in front of the installed log
-// callback that drops the error lines of aborted decodes.
+// dragon_log_install routes llama.cpp's log to Go (dragonLlamaLog), less
+// the error lines of aborted decodes.
 void dragon_log_install(void);
 
 // dragon_model_load memory-maps a model on the CPU without llama.cpp's
