@@ -35,6 +35,11 @@ deps:
 	fi
 	@scripts/build-llama.sh $(LLAMA)
 
+# Remade when the script changes (a no-op unless its source or flags did).
+$(LLAMA)/BUILD: scripts/build-llama.sh
+	@scripts/build-llama.sh $(LLAMA)
+	@touch $@
+
 # The same llama.cpp with upstream's own llama-bench and default kernels
 # (llamafile's on), in build/llama-upstream, for side-by-side benchmarks.
 llama-upstream: deps
@@ -98,7 +103,8 @@ run: build model corpus index profile
 # other at handshake for the scheduler.
 profile: data/profile-cloud.json data/profile-device.json
 
-data/profile-cloud.json data/profile-device.json: | build model
+# Refitted when the model or the engine's build changes.
+data/profile-cloud.json data/profile-device.json: $(MODEL) $(LLAMA)/BUILD | build
 	@mkdir -p data
 	@core=$$([ "$@" = data/profile-device.json ] && [ "$$(nproc)" -gt 1 ] && echo 1 || echo 0); \
 	pin=$$(command -v taskset >/dev/null && echo "taskset -c $$core"); \

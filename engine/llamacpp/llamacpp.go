@@ -30,6 +30,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -599,16 +600,29 @@ func (c *Context) Close() error {
 var errBackend error
 
 func initBackend() {
-	if v := C.GoString(C.ggml_version()); v != ggmlVersion {
-		errBackend = fmt.Errorf("llamacpp: linked against ggml %s, this build needs %s (llama.cpp 0c1e57098): rebuild with make deps", v, ggmlVersion)
+	if errBackend = checkGGML(linkedGGML()); errBackend != nil {
 		return
 	}
 	C.llama_backend_init()
 	C.dragon_log_install()
 }
 
-// logLevel carries a continued line's level (GGML_LOG_LEVEL_CONT).
-var logLevel = slog.LevelInfo
+// checkGGML refuses a linked library other than the pinned one: the shim
+// and the state format are written against its headers.
+func checkGGML(version string) error {
+	if version != ggmlVersion {
+		return fmt.Errorf("llamacpp: linked against ggml %s, this build needs %s (llama.cpp 0c1e57098): rebuild with make deps", version, ggmlVersion)
+	}
+	return nil
+}
+
+// linkedGGML is the version the linked ggml reports.
+func linkedGGML() string { return C.GoString(C.ggml_version()) }
+
+// logLevel carries a continued line's level (GGML_LOG_LEVEL_CONT). Atomic:
+// contexts on several threads may log at once (their lines may then
+// interleave, as llama.cpp's own stderr logger's do).
+var logLevel atomic.Int64
 
 // dragonLlamaLog receives llama.cpp's log text (shim.c has dropped the
 // lines of aborted decodes) and writes it to stderr as it comes, when
@@ -618,9 +632,9 @@ var logLevel = slog.LevelInfo
 //export dragonLlamaLog
 func dragonLlamaLog(level C.int, text *C.char) {
 	if level != C.GGML_LOG_LEVEL_CONT {
-		logLevel = slog.Level(4 * (int(level) - C.GGML_LOG_LEVEL_INFO))
+		logLevel.Store(int64(4 * (int(level) - C.GGML_LOG_LEVEL_INFO)))
 	}
-	if slog.Default().Enabled(context.Background(), logLevel) {
+	if slog.Default().Enabled(context.Background(), slog.Level(logLevel.Load())) {
 		fmt.Fprint(os.Stderr, C.GoString(text))
 	}
 }

@@ -73,6 +73,14 @@ func maxAbsDiff(a, b []float32) float64 {
 	return d
 }
 
+func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
+	require.NoError(t, checkGGML(linkedGGML()), "the library this test binary links")
+	err := checkGGML("0.9.4")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "ggml 0.9.4")
+	assert.Contains(t, err.Error(), "needs "+ggmlVersion)
+}
+
 func TestBatchRowsEqualOneByOne(t *testing.T) {
 	m := loadReal(t)
 	toks := tokens(t, m, passage)[:12]
