@@ -424,7 +424,7 @@ func TestUnifiedLayoutsKeepLogitsClose(t *testing.T) {
 	decodeFrom(c, b[:6], 1, 0, 0)
 	require.NoError(t, c.Truncate(0, 3)) // frees cells before sequence 1's
 	got := decodeFrom(c, b, 1, 6, 0)     // b[6:] land in them, out of order
-	assert.Equal(t, argmax(want), argmax(got))
+	assert.Equal(t, sampling.Argmax(want), sampling.Argmax(got))
 	assert.LessOrEqual(t, maxAbsDiff(probs(want), probs(got)), probTolerance)
 
 	leaky := newCtx(t, m, opts)
@@ -433,18 +433,8 @@ func TestUnifiedLayoutsKeepLogitsClose(t *testing.T) {
 	assert.Greater(t, maxAbsDiff(probs(want), probs(leak)), 2*probTolerance, "the control must fail the tolerance")
 }
 
-func argmax(l []float32) int {
-	best := 0
-	for i, v := range l {
-		if v > l[best] {
-			best = i
-		}
-	}
-	return best
-}
-
 func probs(logits []float32) []float32 {
-	top := logits[argmax(logits)]
+	top := logits[sampling.Argmax(logits)]
 	out := make([]float32, len(logits))
 	var sum float64
 	for i, v := range logits {
