@@ -39,10 +39,11 @@ import (
 
 var backendOnce sync.Once
 
-// Build names the llama.cpp this package runs. A sequence state it saves
-// loads only into contexts of the same build and KV settings, so caches of
-// states key on both (KVSettings).
-const Build = "llama.cpp 0c1e57098 (ggml " + ggmlVersion + ", llamafile off)"
+// Build names the llama.cpp this package runs, down to the flags it was
+// built with (a native build's kernels round differently from a portable
+// one's). A sequence state it saves loads only into contexts of the same
+// build and KV settings, so caches of states key on both (KVSettings).
+var Build = "llama.cpp 0c1e57098 (ggml " + ggmlVersion + ", llamafile off, build " + C.GoString(C.dragon_llama_build()) + ")"
 
 // ggmlVersion is the ggml the pinned llama.cpp carries; a library that
 // reports another is refused at start-up.

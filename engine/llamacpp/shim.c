@@ -155,6 +155,16 @@ int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int
 
 int64_t dragon_last_decode_ns(dragon_ctx *c) { return c->last_decode_ns; }
 
+#define DRAGON_STR(x) #x
+#define DRAGON_XSTR(x) DRAGON_STR(x)
+const char *dragon_llama_build(void) {
+#ifdef DRAGON_LLAMA_BUILD
+    return DRAGON_XSTR(DRAGON_LLAMA_BUILD);
+#else
+    return "unknown";
+#endif
+}
+
 static bool dragon_quiet_progress(float progress, void *data) {
     (void)progress;
     (void)data;

@@ -33,6 +33,11 @@ int64_t dragon_last_decode_ns(dragon_ctx *c);
 // the error lines of aborted decodes.
 void dragon_log_install(void);
 
+// dragon_llama_build identifies the llama.cpp build linked in: the hash of
+// its build record, which the Makefile passes as DRAGON_LLAMA_BUILD
+// ("unknown" when built without it).
+const char *dragon_llama_build(void);
+
 // dragon_model_load memory-maps a model on the CPU without llama.cpp's
 // progress dots.
 struct llama_model *dragon_model_load(const char *path);
