@@ -40,7 +40,7 @@ if [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
   # carried to another machine is rebuilt, and the engine's build id (the
   # record's hash, which KV caches key on) tells the two apart.
-  want+=" cpu=$(c++ -march=native -Q --help=target 2>/dev/null | awk '$1 == "-march=" {m = $2} END {print m}')"
+  want+=" cpu=$({ c++ -march=native -Q --help=target 2>/dev/null || true; } | awk '$1 == "-march=" {m = $2} END {print m}')"
 fi
 targets=(llama)
 if [ "${LLAMA_BENCH:-0}" = 1 ]; then
