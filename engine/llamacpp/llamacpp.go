@@ -127,8 +127,36 @@ func Load(path string, opts Options) (*Model, error) {
 		EmbedDim:    int(C.llama_model_n_embd(cm)),
 		TrainCtx:    int(C.llama_model_n_ctx_train(cm)),
 		Fingerprint: arch + "/" + hex.EncodeToString(fp.Sum(nil))[:32],
+		Pooling:     poolingName(m.meta(arch + ".pooling_type")),
+		// llama.cpp's key; causal unless the model says otherwise.
+		Bidirectional: m.meta(arch+".attention.causal") == "false",
+	}
+	if m.info.Name == "" {
+		// Converted checkpoints may carry no name; fine-tuned variants of
+		// one base share every shape, so the name comes from the bytes.
+		name, err := contentName(path)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.info.Name = name
 	}
 	return m, nil
+}
+
+// contentName names a nameless model by a hash of its first 4 MiB: the
+// metadata and the start of the first tensor (the token embeddings).
+func contentName(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", engine.ErrBadModel, err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyN(h, f, 4<<20); err != nil && err != io.EOF {
+		return "", fmt.Errorf("%w: read %s: %w", engine.ErrBadModel, path, err)
+	}
+	return "unnamed-" + hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // checkGGUF turns the common ways a path can be wrong into clear errors
@@ -144,6 +172,21 @@ func checkGGUF(path string) error {
 		return fmt.Errorf("%w: %s is not a GGUF file", engine.ErrBadModel, path)
 	}
 	return nil
+}
+
+// poolingName reads llama.cpp's pooling_type metadata (enum
+// llama_pooling_type).
+func poolingName(v string) string {
+	switch v {
+	case "1":
+		return "mean"
+	case "2":
+		return "cls"
+	case "3":
+		return "last"
+	default:
+		return ""
+	}
 }
 
 func (m *Model) meta(key string) string {
@@ -296,7 +339,14 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 	if unified && opts.Cells > 0 {
 		cells = opts.Cells
 	}
-	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize),
+	// One verification pass is one graph; long prefills are cut into graphs
+	// of 512 tokens so an abort never waits for more than one of them. An
+	// encoder needs a whole batch in one graph (llama.cpp asserts it).
+	ubatch := min(opts.BatchSize, 512)
+	if m.info.Bidirectional {
+		ubatch = opts.BatchSize
+	}
+	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize), C.uint32_t(ubatch),
 		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified))
 	if cc == nil {
 		return nil, fmt.Errorf("llamacpp: could not create a context of %d cells for %d sequences", cells, opts.MaxSeqs)
@@ -526,6 +576,9 @@ func (c *Context) SeqState(seq int) ([]byte, error) {
 	if c.closed {
 		return nil, engine.ErrClosed
 	}
+	if err := c.hasMemory(); err != nil {
+		return nil, err
+	}
 	if seq < 0 || seq >= c.opts.MaxSeqs || c.lens.Len(seq) == 0 {
 		return nil, fmt.Errorf("%w: no state in sequence %d", engine.ErrInvalidInput, seq)
 	}
@@ -542,6 +595,9 @@ func (c *Context) SeqState(seq int) ([]byte, error) {
 func (c *Context) SetSeqState(seq int, state []byte, n int) error {
 	if c.closed {
 		return engine.ErrClosed
+	}
+	if err := c.hasMemory(); err != nil {
+		return err
 	}
 	if len(state) == 0 {
 		return fmt.Errorf("%w: empty sequence state", engine.ErrInvalidInput)
@@ -564,6 +620,9 @@ func (c *Context) CopySeq(src, dst, p0, p1 int) error {
 	if c.closed {
 		return engine.ErrClosed
 	}
+	if err := c.hasMemory(); err != nil {
+		return err
+	}
 	if !c.unified && (p0 != 0 || p1 != c.lens.Len(src)) {
 		return fmt.Errorf("%w: partial copy [%d, %d) of sequence %d needs a unified KV cache", engine.ErrInvalidInput, p0, p1, src)
 	}
@@ -574,6 +633,15 @@ func (c *Context) CopySeq(src, dst, p0, p1 int) error {
 		C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), C.llama_pos(p0), C.llama_pos(p1))
 	} else {
 		C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
+	}
+	return nil
+}
+
+// hasMemory refuses state operations on an encoder's context, which
+// keeps no KV cache between passes.
+func (c *Context) hasMemory() error {
+	if c.mem == nil {
+		return fmt.Errorf("%w: %s keeps no KV state (an encoder)", engine.ErrInvalidInput, c.model.info.Arch)
 	}
 	return nil
 }

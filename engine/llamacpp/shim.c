@@ -48,17 +48,19 @@ static bool dragon_abort_cb(void *data) {
 }
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
-                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified) {
+                           uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings,
+                           int unified) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
-    // One verification pass is one graph; long prefills are cut into graphs
-    // of 512 tokens so an abort never waits for more than one of them.
-    p.n_ubatch = n_batch < 512 ? n_batch : 512;
+    p.n_ubatch = n_ubatch;
     p.n_seq_max = n_seq_max;
     p.n_threads = n_threads;
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
+    if (p.embeddings) {
+        p.pooling_type = LLAMA_POOLING_TYPE_NONE;
+    }
     p.kv_unified = unified != 0;
     // CPU flash attention accumulates in f16 in the order of the cells and
     // of the prompt's pieces, so a prompt prefilled in two parts, or

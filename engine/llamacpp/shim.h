@@ -10,8 +10,10 @@
 typedef struct dragon_ctx dragon_ctx;
 
 // dragon_ctx_new creates a context with the abort callback installed.
+// With embeddings, every row's hidden state is kept unpooled (the caller
+// pools).
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
-                           uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified);
+                           uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified);
 void dragon_ctx_free(dragon_ctx *c);
 struct llama_context *dragon_ctx_llama(dragon_ctx *c);
 

@@ -30,6 +30,32 @@ func Path(t testing.TB) string {
 	return p
 }
 
+// EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF:
+// $DRAGON_EMBED_MODEL, else models/ in the repository (`make embed-model`).
+func EmbedPath(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("DRAGON_EMBED_MODEL")
+	if p == "" {
+		p = filepath.Join(root(), "models", "all-MiniLM-L6-v2.F16.gguf")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("embedding model not found at %s: run `make embed-model` (%v)", p, err)
+	}
+	return p
+}
+
+// EmbedCheckpoint is the sentence-transformers checkpoint the embedding
+// model was converted from (`make embed-model` keeps it), for reference
+// vectors computed without llama.cpp.
+func EmbedCheckpoint(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(root(), "models", "all-MiniLM-L6-v2")
+	if _, err := os.Stat(filepath.Join(p, "model.safetensors")); err != nil {
+		t.Fatalf("checkpoint not found at %s: run `make embed-model` (%v)", p, err)
+	}
+	return p
+}
+
 // CorpusDir is data/corpus of the repository (`make corpus`).
 func CorpusDir(t testing.TB) string {
 	t.Helper()
