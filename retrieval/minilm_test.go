@@ -1,6 +1,7 @@
 package retrieval
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -24,11 +25,25 @@ var minilmTexts = []string{
 
 // The GGUF that `make embed-model` converts, run through llama.cpp, gives
 // the vectors of an independent float32 forward pass of the original
-// checkpoint (bertref_test.go), from the same tokens.
+// checkpoint (bertref_test.go), from the same tokens: closely as converted
+// (f16 matrices), within quantization as run (Q8_0).
 func TestMiniLMMatchesReference(t *testing.T) {
 	ref, err := loadRefBERT(testmodel.EmbedCheckpoint(t))
 	require.NoError(t, err)
-	m, err := llamacpp.Load(testmodel.EmbedPath(t), llamacpp.Options{Threads: 1})
+	for _, tc := range []struct {
+		name            string
+		path            string
+		minCos, maxDiff float64
+	}{
+		{"f16", testmodel.EmbedF16Path(t), 0.9999, 1e-3},
+		{"q8_0", testmodel.EmbedPath(t), 0.999, 1e-2},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkAgainstReference(t, ref, tc.path, tc.minCos, tc.maxDiff) })
+	}
+}
+
+func checkAgainstReference(t *testing.T, ref *refBERT, path string, minCos, maxAbs float64) {
+	m, err := llamacpp.Load(path, llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
 	defer m.Close()
 	info := m.Info()
@@ -57,9 +72,8 @@ func TestMiniLMMatchesReference(t *testing.T) {
 			maxDiff = max(maxDiff, float64(abs32(got[i][d]-wv[d])))
 		}
 		t.Logf("text %d: %d tokens, cosine to reference %.6f, max |diff| %.2e", i, len(ids), cos, maxDiff)
-		// The GGUF holds f16 matrices; the reference runs the f32 ones.
-		assert.Greater(t, cos, float32(0.9999), "text %d", i)
-		assert.Less(t, maxDiff, 1e-3, "text %d", i)
+		assert.Greater(t, float64(cos), minCos, "text %d", i)
+		assert.Less(t, maxDiff, maxAbs, "text %d", i)
 	}
 	// A control: the reference tells texts apart by far more than that.
 	assert.Less(t, dot(got[0], ref.embed(ref.tokenize(minilmTexts[3]))), float32(0.5))
@@ -68,9 +82,10 @@ func TestMiniLMMatchesReference(t *testing.T) {
 // Texts batched together embed as they do alone, within rounding (the
 // masked attention sums over the whole batch in another order): each
 // sequence attends only to its own tokens, though attention is
-// bidirectional.
+// bidirectional. On the f16 file: Q8_0's matrix kernels differ by pass
+// size (1e-3), which would hide a small leak.
 func TestMiniLMBatchedEqualsAlone(t *testing.T) {
-	m, err := llamacpp.Load(testmodel.EmbedPath(t), llamacpp.Options{Threads: 1})
+	m, err := llamacpp.Load(testmodel.EmbedF16Path(t), llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
 	defer m.Close()
 	emb := NewEngineEmbedder(m, EngineEmbedderOptions{Threads: 1, MaxSeqs: 8})
@@ -109,4 +124,31 @@ func toF64(v []float32) []float64 {
 		out[i] = float64(x)
 	}
 	return out
+}
+
+// Embedding throughput of the embedding model at one thread, one text to a
+// pass against eight: `go test -run '^$' -bench MiniLM ./retrieval`.
+func BenchmarkMiniLMEmbed(b *testing.B) {
+	m, err := llamacpp.Load(testmodel.EmbedPath(b), llamacpp.Options{Threads: 1})
+	require.NoError(b, err)
+	defer m.Close()
+	// 32 passages of 48 words (about 64 tokens).
+	texts := make([]string, 32)
+	for i := range texts {
+		words := strings.Fields(strings.Repeat(minilmTexts[i%5]+" ", 48))
+		texts[i] = strings.Join(words[:48], " ")
+	}
+	for _, seqs := range []int{1, 8} {
+		b.Run(fmt.Sprintf("seqs=%d", seqs), func(b *testing.B) {
+			e := NewEngineEmbedder(m, EngineEmbedderOptions{Threads: 1, MaxSeqs: seqs})
+			defer e.Close()
+			_, err := e.Embed(b.Context(), texts[:2])
+			require.NoError(b, err)
+			for b.Loop() {
+				_, err := e.Embed(b.Context(), texts)
+				require.NoError(b, err)
+			}
+			b.ReportMetric(float64(len(texts)*b.N)/b.Elapsed().Seconds(), "passages/s")
+		})
+	}
 }

@@ -23,7 +23,7 @@ func defaultEmbedModel() string {
 	if m := os.Getenv("DRAGON_EMBED_MODEL"); m != "" {
 		return m
 	}
-	return "models/all-MiniLM-L6-v2.F16.gguf"
+	return "models/all-MiniLM-L6-v2.Q8_0.gguf"
 }
 
 // newEmbedder returns the embedder spec names (a GGUF path or

@@ -30,16 +30,27 @@ func Path(t testing.TB) string {
 	return p
 }
 
-// EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF:
-// $DRAGON_EMBED_MODEL, else models/ in the repository (`make embed-model`).
+// EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
+// Q8_0: $DRAGON_EMBED_MODEL, else models/ in the repository (`make
+// embed-model`).
 func EmbedPath(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("DRAGON_EMBED_MODEL")
 	if p == "" {
-		p = filepath.Join(root(), "models", "all-MiniLM-L6-v2.F16.gguf")
+		p = filepath.Join(root(), "models", "all-MiniLM-L6-v2.Q8_0.gguf")
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("embedding model not found at %s: run `make embed-model` (%v)", p, err)
+	}
+	return p
+}
+
+// EmbedF16Path is the embedding model as converted, before quantization.
+func EmbedF16Path(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(root(), "models", "all-MiniLM-L6-v2.F16.gguf")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("converted embedding model not found at %s: run `make embed-model` (%v)", p, err)
 	}
 	return p
 }

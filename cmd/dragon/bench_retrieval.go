@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/bench/retrievalbench"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/retrieval"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchRetrievalCmd) }
+
+// retrievalReport is `dragon bench retrieval --json`.
+type retrievalReport struct {
+	Date      string                        `json:"date"`
+	CPUs      int                           `json:"cpus"`
+	Threads   int                           `json:"threads"`
+	Corpus    string                        `json:"corpus"`
+	EmbedPerS map[string]float64            `json:"embed_per_s"`
+	EmbedOn   int                           `json:"embed_passages"`
+	Quality   *retrievalbench.QualityResult `json:"quality,omitempty"`
+}
+
+func newBenchRetrievalCmd() *cobra.Command {
+	var (
+		model, wiki, questions string
+		embedders              []string
+		threads, sample, pool  int
+		embedOn                int
+		seed                   uint64
+		asJSON, noQuality      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "retrieval",
+		Short: "Retrieval quality on labelled questions (answer recall@k, DPR's metric) and embedding throughput",
+		Long: `Cuts the Wikipedia corpus (make wiki) into passages with the chat model's
+tokenizer, keeps the Natural Questions and TriviaQA test questions whose
+answer some passage holds, and measures answer recall@k of BM25, and of
+dense and hybrid search with each embedder, on a sample of them over a pool
+of passages (those holding the sampled answers, at most 3 each, and random
+others). Embedding throughput is measured on passages of the same corpus.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			logf := func(format string, a ...any) {
+				if !asJSON {
+					fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...)
+				}
+			}
+			m, err := llamacpp.Load(model, llamacpp.Options{Threads: threads})
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			scratch, err := os.MkdirTemp("", "dragon-bench-retrieval-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(scratch)
+			start := time.Now()
+			ix, _, err := retrieval.Build(ctx, filepath.Join(scratch, "wiki"), retrieval.Options{Tokenizer: m}, wiki)
+			if err != nil {
+				return fmt.Errorf("%w (make wiki fetches the corpus)", err)
+			}
+			var passages []string
+			for _, p := range ix.Passages() {
+				passages = append(passages, p.Text)
+			}
+			ix.Close()
+			logf("corpus %s: %d passages (cut in %v)", wiki, len(passages), time.Since(start).Round(time.Second))
+
+			embs := map[string]retrieval.Embedder{}
+			for _, spec := range embedders {
+				name, path, _ := strings.Cut(spec, "=")
+				if path == "" {
+					path = name
+				}
+				if name == chatEmbedder {
+					path = chatEmbedder
+				} else if path == "minilm" {
+					path = embedModel
+				}
+				e, closeE, err := newEmbedder(path, m, threads)
+				if err != nil {
+					return err
+				}
+				defer closeE()
+				embs[name] = e
+			}
+			rep := retrievalReport{
+				Date: time.Now().UTC().Format(time.DateOnly), CPUs: runtime.NumCPU(), Threads: threads, Corpus: wiki,
+				EmbedPerS: map[string]float64{}, EmbedOn: embedOn,
+			}
+			rng := rand.New(rand.NewPCG(seed, 1))
+			texts := make([]string, embedOn)
+			for i := range texts {
+				texts[i] = passages[rng.IntN(len(passages))]
+			}
+			for name, e := range embs {
+				if rep.EmbedPerS[name], err = retrievalbench.EmbedRate(ctx, e, texts); err != nil {
+					return fmt.Errorf("embed rate of %s: %w", name, err)
+				}
+				logf("embed %s: %.1f passages/s", name, rep.EmbedPerS[name])
+			}
+			if !noQuality {
+				var qs []retrievalbench.Question
+				for _, f := range []string{"nq.test.tsv", "trivia.test.tsv"} {
+					q, err := retrievalbench.LoadQuestions(filepath.Join(questions, f))
+					if err != nil {
+						return err
+					}
+					qs = append(qs, q...)
+				}
+				res, err := retrievalbench.Quality(ctx, retrievalbench.QualityOptions{
+					Passages: passages, Questions: qs, Sample: sample, Pool: pool, Embedders: embs,
+					Tokenizer: m, Seed: seed, Dir: filepath.Join(scratch, "quality"), Log: logf,
+				})
+				if err != nil {
+					return err
+				}
+				rep.Quality = &res
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), rep)
+			}
+			return printRetrievalReport(cmd.OutOrStdout(), rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&model, "model", defaultModel(), "GGUF chat model (its tokenizer cuts passages; the 'chat' embedder)")
+	f.StringVar(&wiki, "corpus", "data/corpus/wiki", "real text corpus (make wiki)")
+	f.StringVar(&questions, "questions", "data/corpus/questions", "folder of DPR's nq.test.tsv and trivia.test.tsv (make wiki)")
+	f.StringSliceVar(&embedders, "embedders", []string{"minilm", chatEmbedder}, "embedders to compare: minilm (--embed-model), chat, or NAME=GGUF")
+	f.IntVar(&threads, "threads", 2, "compute threads")
+	f.IntVar(&sample, "sample", 200, "answerable questions asked")
+	f.IntVar(&pool, "pool", 2000, "passages in the evaluation corpus (0: all)")
+	f.IntVar(&embedOn, "embed-passages", 64, "passages embedded for embed_per_s")
+	f.Uint64Var(&seed, "seed", 1, "sampling seed")
+	f.BoolVar(&asJSON, "json", false, "print one JSON object")
+	f.BoolVar(&noQuality, "no-quality", false, "measure embedding throughput only")
+	return cmd
+}
+
+func printRetrievalReport(w interface{ Write([]byte) (int, error) }, r retrievalReport) error {
+	fmt.Fprintf(w, "embedding, %d threads, %d passages:\n", r.Threads, r.EmbedOn)
+	for name, v := range r.EmbedPerS {
+		fmt.Fprintf(w, "  %-10s %8.1f passages/s\n", name, v)
+	}
+	if q := r.Quality; q != nil {
+		fmt.Fprintf(w, "answer recall, %d questions (of %d answerable) over %d passages:\n", q.Questions, q.Answerable, q.Passages)
+		for name, rec := range q.Recall {
+			fmt.Fprintf(w, "  %-14s @1 %.3f  @5 %.3f  @10 %.3f  @20 %.3f\n", name, rec["@1"], rec["@5"], rec["@10"], rec["@20"])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,128 @@
+// Package weaviatetest starts real Weaviate nodes on loopback for tests,
+// through deploy/weaviate/cluster.sh (the script operators use), and stops
+// them when the test ends. The binary is built with `make weaviate` when
+// absent (about 4 minutes, once); under -short the tests that need it skip
+// instead.
+package weaviatetest
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func root() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+var buildOnce sync.Once
+
+// Binary returns the Weaviate server binary, building it if needed.
+func Binary(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv("WEAVIATE_BIN")
+	if bin == "" {
+		bin = filepath.Join(root(), "build", "weaviate", "weaviate-server")
+	}
+	if _, err := os.Stat(bin); err == nil {
+		return bin
+	}
+	if testing.Short() {
+		t.Skipf("no Weaviate binary at %s: `make weaviate` builds it (skipped under -short)", bin)
+	}
+	var err error
+	buildOnce.Do(func() {
+		t.Logf("building Weaviate into %s (make weaviate, a few minutes)", filepath.Dir(bin))
+		cmd := exec.Command("make", "--no-print-directory", "weaviate")
+		cmd.Dir = root()
+		var out []byte
+		if out, err = cmd.CombinedOutput(); err != nil {
+			err = fmt.Errorf("make weaviate: %w\n%s", err, out)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// Cluster is a set of running nodes.
+type Cluster struct {
+	t    testing.TB
+	dir  string
+	bin  string
+	env  []string
+	base int
+	n    int
+}
+
+// Start starts n nodes and waits until all are ready; env adds variables
+// for the script (WEAVIATE_API_KEY=...).
+func Start(t testing.TB, n int, env ...string) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, dir: t.TempDir(), bin: Binary(t), env: env, n: n}
+	for range 20 {
+		c.base = 20000 + 10*rand.IntN(3000)
+		if c.portsFree() {
+			break
+		}
+	}
+	t.Cleanup(func() {
+		if out, err := c.script("stop"); err != nil {
+			t.Logf("stopping Weaviate: %v\n%s", err, out)
+		}
+	})
+	if out, err := c.script("start", strconv.Itoa(n), strconv.Itoa(c.base)); err != nil {
+		t.Fatalf("starting %d Weaviate nodes: %v\n%s", n, err, out)
+	}
+	return c
+}
+
+// portsFree checks the ports the script will give the nodes.
+func (c *Cluster) portsFree() bool {
+	for i := range c.n {
+		for _, p := range []int{c.base + i, c.base + 100 + i, c.base + 200 + 2*i, c.base + 201 + 2*i, c.base + 300 + 2*i, c.base + 301 + 2*i, c.base + 400 + i} {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				return false
+			}
+			l.Close()
+		}
+	}
+	return true
+}
+
+func (c *Cluster) script(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(root(), "deploy", "weaviate", "cluster.sh"), append([]string{args[0], c.dir}, args[1:]...)...)
+	cmd.Env = append(os.Environ(), append([]string{"WEAVIATE_BIN=" + c.bin}, c.env...)...)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// URL is node i's HTTP URL.
+func (c *Cluster) URL(i int) string { return fmt.Sprintf("http://127.0.0.1:%d", c.base+i) }
+
+// Kill kills node i at once (its data stays).
+func (c *Cluster) Kill(i int) {
+	c.t.Helper()
+	if out, err := c.script("kill", strconv.Itoa(i)); err != nil {
+		c.t.Fatalf("kill node %d: %v\n%s", i, err, out)
+	}
+}
+
+// Restart starts node i again on its data and waits until it is ready.
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	if out, err := c.script("restart", strconv.Itoa(i)); err != nil {
+		c.t.Fatalf("restart node %d: %v\n%s", i, err, out)
+	}
+}

@@ -1,0 +1,150 @@
+package weaviate
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Spec is what a collection is made for: a passage store is only usable
+// with the embedder and chunking it was filled with.
+type Spec struct {
+	// Embedder is the fingerprint of the embedder of the vectors ("" for a
+	// BM25-only collection).
+	Embedder string `json:"embedder"`
+	Dims     int    `json:"dims"`
+	// ChunkTokens and Overlap size the passages.
+	ChunkTokens int `json:"chunk_tokens"`
+	Overlap     int `json:"overlap"`
+	// Tokenizer is the fingerprint of the tokenizer that cut them.
+	Tokenizer string `json:"tokenizer"`
+	// Analyzer names the analysis of the terms field.
+	Analyzer string `json:"analyzer"`
+}
+
+// Layout places a new collection on the cluster.
+type Layout struct {
+	// Shards (default 1) and Replicas (default 1; 2 or more survive losing
+	// a node).
+	Shards, Replicas int
+}
+
+// specPrefix marks our description of a collection.
+const specPrefix = "dragon passages v1 "
+
+// EnsureCollection creates the collection for spec, or checks that the
+// existing one was made for the same spec, and returns the spec it holds.
+func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout) error {
+	got, err := c.Spec(ctx)
+	switch {
+	case err == nil:
+		if got != spec {
+			return fmt.Errorf("%w: collection %s holds passages made for %+v, not %+v (another embedder or chunking: use another collection)", ErrInvalid, c.cfg.Collection, got, spec)
+		}
+		return nil
+	case !errors.Is(err, ErrNoCollection):
+		return err
+	}
+	desc, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	class := map[string]any{
+		"class":       c.cfg.Collection,
+		"description": specPrefix + string(desc),
+		"vectorizer":  "none",
+		"vectorIndexConfig": map[string]any{
+			"distance":       "cosine",
+			"ef":             256,
+			"efConstruction": 128,
+			"maxConnections": 32,
+		},
+		"replicationConfig": map[string]any{"factor": max(1, layout.Replicas)},
+		"shardingConfig":    map[string]any{"desiredCount": max(1, layout.Shards)},
+		// Terms arrive analyzed (package retrieval's analyzer, the same as
+		// bleve's): split on white space, no stop words.
+		"invertedIndexConfig": map[string]any{
+			"bm25":      map[string]any{"k1": 1.2, "b": 0.75},
+			"stopwords": map[string]any{"preset": "none"},
+		},
+		"properties": []map[string]any{
+			prop("pid", "text", "field", true, false),
+			prop("source", "text", "field", true, false),
+			prop("start", "int", "", false, false),
+			prop("end", "int", "", false, false),
+			prop("tokens", "int", "", false, false),
+			prop("text", "text", "word", false, false),
+			prop("meta", "text", "word", false, false),
+			prop("terms", "text", "whitespace", true, true),
+			prop("nterms", "int", "", false, false),
+		},
+	}
+	c.forgetLayout()
+	if err := c.do(ctx, http.MethodPost, "/v1/schema", class, nil); err != nil {
+		if strings.Contains(err.Error(), "already exists") {
+			return c.EnsureCollection(ctx, spec, layout) // created meanwhile
+		}
+		return fmt.Errorf("create collection %s: %w", c.cfg.Collection, err)
+	}
+	return nil
+}
+
+func prop(name, typ, tokenization string, filterable, searchable bool) map[string]any {
+	p := map[string]any{
+		"name": name, "dataType": []string{typ},
+		"indexFilterable": filterable, "indexSearchable": searchable,
+	}
+	if typ == "text" {
+		p["tokenization"] = tokenization
+	}
+	if typ == "int" {
+		delete(p, "indexSearchable")
+	}
+	return p
+}
+
+// Spec returns the spec the collection was made for.
+func (c *Client) Spec(ctx context.Context) (Spec, error) {
+	var class struct {
+		Description string `json:"description"`
+	}
+	if err := c.do(ctx, http.MethodGet, "/v1/schema/"+c.cfg.Collection, nil, &class); err != nil {
+		return Spec{}, err
+	}
+	raw, ok := strings.CutPrefix(class.Description, specPrefix)
+	if !ok {
+		return Spec{}, fmt.Errorf("%w: collection %s was not made by dragon (no passage spec in its description)", ErrInvalid, c.cfg.Collection)
+	}
+	var s Spec
+	if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		return Spec{}, fmt.Errorf("%w: collection %s: bad spec: %v", ErrInvalid, c.cfg.Collection, err)
+	}
+	return s, nil
+}
+
+// DropCollection deletes the collection and everything in it.
+func (c *Client) DropCollection(ctx context.Context) error {
+	c.forgetLayout()
+	return c.do(ctx, http.MethodDelete, "/v1/schema/"+c.cfg.Collection, nil, nil)
+}
+
+// forgetLayout drops what the client knows of the collection's replication.
+func (c *Client) forgetLayout() {
+	c.mu.Lock()
+	c.consistency = nil
+	c.mu.Unlock()
+}
+
+// ObjectID is the object id of a passage: a name-based UUID (version 5
+// layout) of its passage id, so writing a passage again replaces it.
+func ObjectID(pid uint64) string {
+	h := sha1.Sum([]byte("dragon-passage:" + strconv.FormatUint(pid, 16)))
+	h[6] = h[6]&0x0f | 0x50
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
+}

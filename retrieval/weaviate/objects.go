@@ -1,0 +1,181 @@
+package weaviate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Object is one passage as stored.
+type Object struct {
+	// PID is the passage id; the object id is ObjectID(PID).
+	PID    uint64
+	Source string
+	// Start and End are byte offsets into the source document's text.
+	Start, End int
+	Tokens     int
+	Text       string
+	Meta       map[string]string
+	// Terms are the passage's analyzed terms, in order.
+	Terms []string
+	// Vector is the passage's embedding (nil in a BM25-only collection).
+	Vector []float32
+}
+
+// ObjectError is one object a batch could not store.
+type ObjectError struct {
+	PID uint64
+	Err string
+}
+
+func (e ObjectError) Error() string { return fmt.Sprintf("passage %x: %s", e.PID, e.Err) }
+
+type wireObject struct {
+	Class      string         `json:"class"`
+	ID         string         `json:"id"`
+	Properties map[string]any `json:"properties"`
+	Vector     []float32      `json:"vector,omitempty"`
+}
+
+// Upsert writes objects (replacing any with the same passage id) with
+// consistency QUORUM, so a write acknowledged by a cluster with replicas
+// survives losing a node. Objects the engine refuses come back one by one;
+// the rest are stored. The error is for the batch as a whole.
+func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, error) {
+	if len(objs) == 0 {
+		return nil, nil
+	}
+	batch := struct {
+		Objects []wireObject `json:"objects"`
+	}{make([]wireObject, len(objs))}
+	for i, o := range objs {
+		meta := ""
+		if len(o.Meta) > 0 {
+			b, err := json.Marshal(o.Meta)
+			if err != nil {
+				return nil, err
+			}
+			meta = string(b)
+		}
+		batch.Objects[i] = wireObject{
+			Class: c.cfg.Collection, ID: ObjectID(o.PID), Vector: o.Vector,
+			Properties: map[string]any{
+				"pid": strconv.FormatUint(o.PID, 16), "source": o.Source, "start": o.Start, "end": o.End,
+				"tokens": o.Tokens, "text": o.Text, "meta": meta,
+				"terms": strings.Join(o.Terms, " "), "nterms": len(o.Terms),
+			},
+		}
+	}
+	var resp []struct {
+		ID     string `json:"id"`
+		Result struct {
+			Errors *struct {
+				Error []struct {
+					Message string `json:"message"`
+				} `json:"error"`
+			} `json:"errors"`
+		} `json:"result"`
+	}
+	if err := c.do(ctx, http.MethodPost, "/v1/batch/objects?consistency_level=QUORUM", batch, &resp); err != nil {
+		return nil, err
+	}
+	byID := make(map[string]uint64, len(objs))
+	for _, o := range objs {
+		byID[ObjectID(o.PID)] = o.PID
+	}
+	var failed []ObjectError
+	for _, r := range resp {
+		if r.Result.Errors == nil || len(r.Result.Errors.Error) == 0 {
+			continue
+		}
+		var msgs []string
+		for _, e := range r.Result.Errors.Error {
+			msgs = append(msgs, e.Message)
+		}
+		failed = append(failed, ObjectError{PID: byID[r.ID], Err: strings.Join(msgs, "; ")})
+	}
+	if len(resp) != len(objs) {
+		return failed, fmt.Errorf("%w: batch of %d objects answered for %d", ErrInvalid, len(objs), len(resp))
+	}
+	return failed, nil
+}
+
+// Existing returns which of the passage ids are stored.
+func (c *Client) Existing(ctx context.Context, pids []uint64) (map[uint64]bool, error) {
+	out := make(map[uint64]bool, len(pids))
+	if len(pids) == 0 {
+		return out, nil
+	}
+	ids := make([]string, len(pids))
+	for i, p := range pids {
+		ids[i] = strconv.Quote(strconv.FormatUint(p, 16))
+	}
+	cons, err := c.readConsistency(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { pid } } }`,
+		c.cfg.Collection, strings.Join(ids, ","), len(pids), cons)
+	var data struct {
+		Get map[string][]struct {
+			PID string `json:"pid"`
+		}
+	}
+	if err := c.graphQL(ctx, q, &data); err != nil {
+		return nil, err
+	}
+	for _, o := range data.Get[c.cfg.Collection] {
+		p, err := strconv.ParseUint(o.PID, 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("weaviate: bad pid %q in %s", o.PID, c.cfg.Collection)
+		}
+		out[p] = true
+	}
+	return out, nil
+}
+
+// Count is how many passages the collection holds.
+func (c *Client) Count(ctx context.Context) (int, error) {
+	q := fmt.Sprintf(`{ Aggregate { %s { meta { count } } } }`, c.cfg.Collection)
+	var data struct {
+		Aggregate map[string][]struct {
+			Meta struct {
+				Count int `json:"count"`
+			} `json:"meta"`
+		}
+	}
+	if err := c.graphQL(ctx, q, &data); err != nil {
+		return 0, err
+	}
+	rows := data.Aggregate[c.cfg.Collection]
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	return rows[0].Meta.Count, nil
+}
+
+// DeleteSource removes every passage of source and returns how many.
+func (c *Client) DeleteSource(ctx context.Context, source string) (int, error) {
+	body := map[string]any{
+		"match": map[string]any{
+			"class": c.cfg.Collection,
+			"where": map[string]any{"path": []string{"source"}, "operator": "Equal", "valueText": source},
+		},
+	}
+	var resp struct {
+		Results struct {
+			Successful int `json:"successful"`
+			Failed     int `json:"failed"`
+		} `json:"results"`
+	}
+	if err := c.do(ctx, http.MethodDelete, "/v1/batch/objects?consistency_level=QUORUM", body, &resp); err != nil {
+		return 0, err
+	}
+	if resp.Results.Failed > 0 {
+		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages of %s not deleted", resp.Results.Failed, source)
+	}
+	return resp.Results.Successful, nil
+}

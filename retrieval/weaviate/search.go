@@ -1,0 +1,129 @@
+package weaviate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Candidate is a passage a search returned.
+type Candidate struct {
+	Object
+	// Score is the engine's BM25 score (Lexical) or the cosine similarity
+	// (Nearest).
+	Score float64
+}
+
+// The fields a search fetches.
+const candidateFields = `pid source start end tokens text meta terms`
+
+// Lexical returns up to n passages by the engine's BM25 over the terms
+// field, best first, with their terms (the caller scores them itself).
+func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidate, error) {
+	if len(terms) == 0 || n <= 0 {
+		return nil, nil
+	}
+	cons, err := c.readConsistency(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := fmt.Sprintf(`{ Get { %s(bm25: {query: %s, properties: ["terms"]}, limit: %d%s) { %s _additional { score } } } }`,
+		c.cfg.Collection, strconv.Quote(strings.Join(terms, " ")), n, cons, candidateFields)
+	return c.candidates(ctx, q, func(a additional) (float64, error) { return strconv.ParseFloat(a.Score, 64) })
+}
+
+// Nearest returns up to n passages by cosine similarity to v, best first.
+func (c *Client) Nearest(ctx context.Context, v []float32, n int) ([]Candidate, error) {
+	if len(v) == 0 || n <= 0 {
+		return nil, nil
+	}
+	vec, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	cons, err := c.readConsistency(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := fmt.Sprintf(`{ Get { %s(nearVector: {vector: %s}, limit: %d%s) { %s _additional { distance } } } }`,
+		c.cfg.Collection, vec, n, cons, candidateFields)
+	return c.candidates(ctx, q, func(a additional) (float64, error) { return 1 - a.Distance, nil })
+}
+
+type additional struct {
+	Score    string  `json:"score"`
+	Distance float64 `json:"distance"`
+}
+
+func (c *Client) candidates(ctx context.Context, q string, score func(additional) (float64, error)) ([]Candidate, error) {
+	var data struct {
+		Get map[string][]struct {
+			PID        string     `json:"pid"`
+			Source     string     `json:"source"`
+			Start      int        `json:"start"`
+			End        int        `json:"end"`
+			Tokens     int        `json:"tokens"`
+			Text       string     `json:"text"`
+			Meta       string     `json:"meta"`
+			Terms      string     `json:"terms"`
+			Additional additional `json:"_additional"`
+		}
+	}
+	if err := c.graphQL(ctx, q, &data); err != nil {
+		return nil, err
+	}
+	rows := data.Get[c.cfg.Collection]
+	out := make([]Candidate, 0, len(rows))
+	for _, r := range rows {
+		pid, err := strconv.ParseUint(r.PID, 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("weaviate: bad pid %q in %s", r.PID, c.cfg.Collection)
+		}
+		s, err := score(r.Additional)
+		if err != nil {
+			return nil, fmt.Errorf("weaviate: bad score for %s: %w", r.PID, err)
+		}
+		cand := Candidate{Object: Object{PID: pid, Source: r.Source, Start: r.Start, End: r.End, Tokens: r.Tokens, Text: r.Text, Terms: strings.Fields(r.Terms)}, Score: s}
+		if r.Meta != "" {
+			if err := json.Unmarshal([]byte(r.Meta), &cand.Meta); err != nil {
+				return nil, fmt.Errorf("weaviate: bad meta for %s: %w", r.PID, err)
+			}
+		}
+		out = append(out, cand)
+	}
+	return out, nil
+}
+
+// DocFreqs returns how many passages hold each term, and how many
+// passages there are, in one request.
+func (c *Client) DocFreqs(ctx context.Context, terms []string) (int, map[string]int, error) {
+	var b strings.Builder
+	b.WriteString("{ Aggregate { total: " + c.cfg.Collection + " { meta { count } } ")
+	for i, t := range terms {
+		fmt.Fprintf(&b, `t%d: %s(where: {path: ["terms"], operator: Equal, valueText: %s}) { meta { count } } `, i, c.cfg.Collection, strconv.Quote(t))
+	}
+	b.WriteString("} }")
+	var data struct {
+		Aggregate map[string][]struct {
+			Meta struct {
+				Count int `json:"count"`
+			} `json:"meta"`
+		}
+	}
+	if err := c.graphQL(ctx, b.String(), &data); err != nil {
+		return 0, nil, err
+	}
+	count := func(key string) int {
+		if rows := data.Aggregate[key]; len(rows) > 0 {
+			return rows[0].Meta.Count
+		}
+		return 0
+	}
+	df := make(map[string]int, len(terms))
+	for i, t := range terms {
+		df[t] = count(fmt.Sprintf("t%d", i))
+	}
+	return count("total"), df, nil
+}

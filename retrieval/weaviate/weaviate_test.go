@@ -1,0 +1,222 @@
+package weaviate
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/internal/weaviatetest"
+)
+
+func unitVec(xs ...float64) []float32 {
+	var n float64
+	for _, x := range xs {
+		n += x * x
+	}
+	v := make([]float32, len(xs))
+	for i, x := range xs {
+		v[i] = float32(x / math.Sqrt(n))
+	}
+	return v
+}
+
+func testObjects() []Object {
+	return []Object{
+		{PID: 1, Source: "a.txt", Start: 0, End: 20, Tokens: 5, Text: "Etna is a volcano", Terms: []string{"etna", "volcano"}, Vector: unitVec(1, 0, 0, 0), Meta: map[string]string{"from": "x"}},
+		{PID: 2, Source: "a.txt", Start: 20, End: 40, Tokens: 5, Text: "Vesuvius is a volcano too", Terms: []string{"vesuviu", "volcano"}, Vector: unitVec(0.9, 0.1, 0, 0)},
+		{PID: 3, Source: "b.txt", Start: 0, End: 30, Tokens: 6, Text: "Bees make honey", Terms: []string{"bee", "make", "honei"}, Vector: unitVec(0, 0, 1, 0)},
+		{PID: 1 << 63, Source: "c.txt", Start: 0, End: 9, Tokens: 3, Text: "Chess knights", Terms: []string{"chess", "knight"}, Vector: unitVec(0, 0, 0, 1)},
+	}
+}
+
+// One real node: a collection made for a spec, passages written twice
+// (still once each), each kind of search, deletion by source.
+func TestCollectionRoundTrip(t *testing.T) {
+	cl := weaviatetest.Start(t, 1)
+	ctx := t.Context()
+	c, err := New(Config{URL: cl.URL(0), Collection: "Passages"})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Ready(ctx))
+
+	_, err = c.Count(ctx)
+	require.ErrorIs(t, err, ErrNoCollection)
+	spec := Spec{Embedder: "test", Dims: 4, ChunkTokens: 64, Tokenizer: "tok", Analyzer: "en"}
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{}))
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{}), "the same spec again is fine")
+	other := spec
+	other.Embedder = "another"
+	require.ErrorIs(t, c.EnsureCollection(ctx, other, Layout{}), ErrInvalid)
+
+	for range 2 {
+		failed, err := c.Upsert(ctx, testObjects())
+		require.NoError(t, err)
+		require.Empty(t, failed)
+	}
+	n, err := c.Count(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 4, n, "writing a passage again replaces it")
+
+	have, err := c.Existing(ctx, []uint64{1, 3, 99, 1 << 63})
+	require.NoError(t, err)
+	assert.Equal(t, map[uint64]bool{1: true, 3: true, 1 << 63: true}, have)
+
+	lex, err := c.Lexical(ctx, []string{"volcano", "etna"}, 10)
+	require.NoError(t, err)
+	require.Len(t, lex, 2)
+	assert.Equal(t, uint64(1), lex[0].PID, "matches both terms")
+	assert.Equal(t, []string{"etna", "volcano"}, lex[0].Terms)
+	assert.Equal(t, map[string]string{"from": "x"}, lex[0].Meta)
+	assert.Equal(t, "Etna is a volcano", lex[0].Text)
+
+	near, err := c.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
+	require.NoError(t, err)
+	require.Len(t, near, 2)
+	assert.ElementsMatch(t, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID})
+	assert.InDelta(t, 1, near[0].Score, 0.01)
+
+	total, df, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"})
+	require.NoError(t, err)
+	assert.Equal(t, 4, total)
+	assert.Equal(t, map[string]int{"volcano": 2, "honei": 1, "absent": 0}, df)
+
+	deleted, err := c.DeleteSource(ctx, "a.txt")
+	require.NoError(t, err)
+	assert.Equal(t, 2, deleted)
+	n, err = c.Count(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+
+	// A vector of another dimension is refused, object by object.
+	failed, err := c.Upsert(ctx, []Object{{PID: 7, Source: "d.txt", Text: "x", Terms: []string{"x"}, Vector: unitVec(1, 2, 3)}})
+	if err == nil {
+		require.Len(t, failed, 1)
+		assert.Equal(t, uint64(7), failed[0].PID)
+		assert.Contains(t, failed[0].Err, "length")
+	} else {
+		assert.ErrorIs(t, err, ErrInvalid)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	ctx := t.Context()
+	t.Run("unreachable host", func(t *testing.T) {
+		c, err := New(Config{URL: "http://127.0.0.1:1", Collection: "Passages", Timeout: 2 * time.Second})
+		require.NoError(t, err)
+		start := time.Now()
+		_, err = c.Count(ctx)
+		assert.ErrorIs(t, err, ErrUnavailable)
+		assert.Less(t, time.Since(start), 3*time.Second)
+	})
+	t.Run("bad names and URLs", func(t *testing.T) {
+		_, err := New(Config{URL: "http://x", Collection: "lower"})
+		assert.Error(t, err)
+		for _, u := range []string{"http://h/Coll", "weaviate:///Coll", "weaviate://h/", "weaviate://h/bad-name"} {
+			_, err := ParseURL(u)
+			assert.Error(t, err, u)
+		}
+		cfg, err := ParseURL("weaviate+https://:secret@search.example:443/Wiki?timeout=3s")
+		require.NoError(t, err)
+		assert.Equal(t, Config{URL: "https://search.example:443", Collection: "Wiki", APIKey: "secret", Timeout: 3 * time.Second}, cfg)
+	})
+	t.Run("api key", func(t *testing.T) {
+		cl := weaviatetest.Start(t, 1, "WEAVIATE_API_KEY=right-key")
+		wrong, err := New(Config{URL: cl.URL(0), Collection: "Passages", APIKey: "wrong-key"})
+		require.NoError(t, err)
+		_, err = wrong.Count(ctx)
+		assert.ErrorIs(t, err, ErrAuth)
+		right, err := New(Config{URL: cl.URL(0), Collection: "Passages", APIKey: "right-key"})
+		require.NoError(t, err)
+		_, err = right.Count(ctx)
+		assert.ErrorIs(t, err, ErrNoCollection, "the key is accepted; the collection is not there")
+	})
+}
+
+func TestObjectID(t *testing.T) {
+	assert.Equal(t, ObjectID(42), ObjectID(42))
+	assert.NotEqual(t, ObjectID(42), ObjectID(43))
+	assert.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, ObjectID(1<<63))
+}
+
+// Three nodes, every shard on two of them: killing one node mid-loop
+// fails no query outside a short window, and after it comes back every
+// passage is there, once.
+func TestClusterSurvivesLosingANode(t *testing.T) {
+	cl := weaviatetest.Start(t, 3)
+	ctx := t.Context()
+	c, err := New(Config{URL: cl.URL(0), Collection: "Wiki", Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.EnsureCollection(ctx, Spec{Embedder: "test", Dims: 4}, Layout{Shards: 3, Replicas: 2}))
+	const n = 300
+	var objs []Object
+	for i := range n {
+		objs = append(objs, Object{
+			PID: uint64(1000 + i), Source: fmt.Sprintf("doc%d.txt", i/10), Start: i, End: i + 1, Text: fmt.Sprintf("passage %d", i),
+			Terms:  []string{"common", fmt.Sprintf("w%d", i%7), fmt.Sprintf("u%d", i)},
+			Vector: unitVec(float64(i%5)+1, float64(i%3), float64(i%11), 1),
+		})
+	}
+	for i := 0; i < n; i += 100 {
+		failed, err := c.Upsert(ctx, objs[i:i+100])
+		require.NoError(t, err)
+		require.Empty(t, failed)
+	}
+
+	query := func() error {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		lex, err := c.Lexical(qctx, []string{"w3", "u10"}, 20)
+		if err != nil {
+			return err
+		}
+		if len(lex) == 0 || lex[0].PID != 1010 {
+			return fmt.Errorf("lexical top hit %v, want passage 1010", lex)
+		}
+		near, err := c.Nearest(qctx, objs[42].Vector, 5)
+		if err != nil {
+			return err
+		}
+		if len(near) == 0 || near[0].Score < 0.999 {
+			return fmt.Errorf("nearest %v, want an exact match first", near)
+		}
+		return nil
+	}
+	require.NoError(t, query())
+	cl.Kill(2)
+	killed := time.Now()
+	var lastFailure time.Duration
+	var failures, total int
+	for time.Since(killed) < 15*time.Second {
+		total++
+		if err := query(); err != nil {
+			failures++
+			lastFailure = time.Since(killed)
+			t.Logf("query at +%v: %v", lastFailure.Round(time.Millisecond), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("%d of %d queries failed in the 15 s after the kill; last failure at +%v", failures, total, lastFailure.Round(time.Millisecond))
+	assert.Less(t, lastFailure, 5*time.Second, "queries succeed again within 5 s of losing a node")
+
+	cl.Restart(2)
+	for i := range 3 {
+		ci, err := New(Config{URL: cl.URL(i), Collection: "Wiki"})
+		require.NoError(t, err)
+		got, err := ci.Count(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, n, got, "node %d", i)
+		pids := make([]uint64, n)
+		for j := range pids {
+			pids[j] = uint64(1000 + j)
+		}
+		have, err := ci.Existing(ctx, pids)
+		require.NoError(t, err)
+		assert.Len(t, have, n, "node %d", i)
+	}
+}
