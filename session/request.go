@@ -57,9 +57,10 @@ type Retriever interface {
 	Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error)
 }
 
-// IndexRetriever retrieves from a retrieval.Index.
+// IndexRetriever retrieves from an index: a local retrieval.Index or a
+// remote one (retrieval.RemoteIndex).
 type IndexRetriever struct {
-	Index *retrieval.Index
+	Index retrieval.Searcher
 	Mode  retrieval.Mode
 }
 

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,11 +15,57 @@ import (
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
 	"github.com/dragon-rag/dragon/sampling"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
 func init() { commands = append(commands, newAskCmd) }
+
+// openSearcher opens what --index names: a Weaviate collection
+// (weaviate:// or weaviate+https:// URL) or a local index folder (also
+// bleve:DIR). The returned func closes what it opened.
+func openSearcher(spec string, m engine.Model, threads int) (retrieval.Searcher, func(), error) {
+	if !strings.HasPrefix(spec, "weaviate://") && !strings.HasPrefix(spec, "weaviate+https://") {
+		ix, closeIx, err := openIndex(strings.TrimPrefix(spec, "bleve:"), m, threads)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ix, closeIx, nil
+	}
+	cfg, err := weaviate.ParseURL(spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := weaviate.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wspec, err := store.Spec(ctx)
+	if err != nil {
+		store.Close()
+		return nil, nil, fmt.Errorf("retrieval backend %s: %w", store, err)
+	}
+	var emb retrieval.Embedder
+	closeEmb := func() {}
+	if wspec.Embedder != "" {
+		var e *retrieval.EngineEmbedder
+		if e, closeEmb, err = indexEmbedder(retrieval.Manifest{Embedder: wspec.Embedder}, m, threads); err != nil {
+			store.Close()
+			return nil, nil, err
+		}
+		emb = e
+	}
+	r, err := retrieval.OpenRemote(ctx, store, emb)
+	if err != nil {
+		closeEmb()
+		store.Close()
+		return nil, nil, err
+	}
+	return r, func() { closeEmb(); store.Close() }, nil
+}
 
 // openIndex opens an index read-only; dense search uses the embedder the
 // index was built with (indexEmbedder) when it has vectors. The returned

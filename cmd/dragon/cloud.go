@@ -48,7 +48,7 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer srv.Close()
-			return serveAll(cmd.Context(), log, &f, newHTTPServer(s.registry, f.pprof, nil), func(g *grpc.Server) {
+			return serveAll(cmd.Context(), log, &f, newHTTPServer(s.registry, f.pprof, nil, s.backendReady), func(g *grpc.Server) {
 				dragonv1.RegisterPeerServiceServer(g, srv)
 			})
 		},

@@ -66,7 +66,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
 	fs.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long generations in progress may take to finish")
 	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
-	fs.StringVar(&f.index, "index", index, "index folder of this side's corpus (make index; empty: no retrieval)")
+	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
 	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", 1, "compute threads")
@@ -100,12 +100,14 @@ func (f *sideFlags) validate() error {
 type side struct {
 	model     engine.Model
 	retriever session.Retriever
-	decoder   decoder.Options
-	fit       profiler.DecodeFit
-	limits    session.Limits
-	registry  *prometheus.Registry
-	metrics   *session.Metrics
-	close     func()
+	// backendReady checks a remote retrieval backend (nil: none).
+	backendReady func(context.Context) error
+	decoder      decoder.Options
+	fit          profiler.DecodeFit
+	limits       session.Limits
+	registry     *prometheus.Registry
+	metrics      *session.Metrics
+	close        func()
 }
 
 func (f *sideFlags) load(log *slog.Logger) (*side, error) {
@@ -126,10 +128,13 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	}
 	s := &side{model: m, close: func() { m.Close() }}
 	if f.index != "" {
-		ix, closeIx, err := openIndex(f.index, m, f.threads)
+		ix, closeIx, err := openSearcher(f.index, m, f.threads)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("%w (make index builds the default ones; --index '' serves without retrieval)", err)
+		}
+		if r, ok := ix.(*retrieval.RemoteIndex); ok {
+			s.backendReady = r.Ready
 		}
 		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
 		s.close = func() { closeIx(); m.Close() }
@@ -229,22 +234,31 @@ func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, 
 }
 
 // httpServer serves a daemon's HTTP endpoints: /metrics, /healthz (the
-// process is up), /readyz (it serves gRPC and is not shutting down; extra
-// says more, e.g. whether the cloud is reachable), optional pprof, and
-// whatever routes adds.
+// process is up), /readyz (it serves gRPC, is not shutting down and its
+// remote retrieval backend, if any, is ready; extra says more, e.g.
+// whether the cloud is reachable), optional pprof, and whatever routes
+// adds.
 type httpServer struct {
 	ready atomic.Bool
 	mux   *http.ServeMux
 }
 
-func newHTTPServer(reg *prometheus.Registry, pprofOn bool, extra func() string) *httpServer {
+func newHTTPServer(reg *prometheus.Registry, pprofOn bool, extra func() string, backendReady func(context.Context) error) *httpServer {
 	h := &httpServer{mux: http.NewServeMux()}
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	h.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+	h.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !h.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
+		}
+		if backendReady != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+			defer cancel()
+			if err := backendReady(ctx); err != nil {
+				http.Error(w, "retrieval backend not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		fmt.Fprintln(w, "ready")
 		if extra != nil {

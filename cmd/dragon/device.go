@@ -91,7 +91,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				return err
 			}
 			defer srv.Close()
-			h := newHTTPServer(s.registry, f.pprof, func() string { return "cloud: " + cloudState() })
+			h := newHTTPServer(s.registry, f.pprof, func() string { return "cloud: " + cloudState() }, s.backendReady)
 			if modelID == "" {
 				modelID = strings.TrimSuffix(filepath.Base(f.model), ".gguf")
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
 
 func init() { commands = append(commands, newIndexCmd) }
@@ -28,6 +29,11 @@ type indexFlags struct {
 	dense                bool
 	quiet                bool
 	maxErrors            int
+	// remote is build's and add's --retrieval: a collection to stream
+	// passages into instead of an index folder.
+	remote           string
+	shards, replicas int
+	batch            int
 }
 
 func newIndexCmd() *cobra.Command {
@@ -48,14 +54,13 @@ trained for retrieval).`,
 	pf.IntVar(&fl.threads, "threads", 2, "compute threads for embedding")
 	pf.BoolVarP(&fl.quiet, "quiet", "q", false, "no progress bar")
 	pf.IntVar(&fl.maxErrors, "max-errors", 20, "skipped files to list (all are counted)")
-	cobra.MarkFlagRequired(pf, "dir")
 
 	build := &cobra.Command{
 		Use:   "build --dir DIR [flags] PATHS...",
 		Short: "Build a new index from files and folders, replacing any index in DIR once done",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runIndexWrite(cmd.Context(), fl, args, true)
+			return runIndexWrite(cmd.Context(), cmd.OutOrStdout(), fl, args, true)
 		},
 	}
 	build.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "tokens per passage")
@@ -67,9 +72,19 @@ trained for retrieval).`,
 		Short: "Add files and folders to an index; unchanged files are skipped, changed ones replaced",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return runIndexWrite(cmd.Context(), fl, args, false)
+			return runIndexWrite(cmd.Context(), cmd.OutOrStdout(), fl, args, false)
 		},
 	}
+
+	for _, c := range []*cobra.Command{build, add} {
+		f := c.Flags()
+		f.StringVar(&fl.remote, "retrieval", "", "stream passages into a Weaviate collection instead of --dir: weaviate://HOST:PORT/COLLECTION or weaviate+https://... (API key in $DRAGON_WEAVIATE_API_KEY); resumable, idempotent")
+		f.IntVar(&fl.shards, "shards", 1, "with --retrieval: shards of a new collection")
+		f.IntVar(&fl.replicas, "replicas", 1, "with --retrieval: replicas of each shard of a new collection (2 survive losing a node)")
+		f.IntVar(&fl.batch, "batch", 128, "with --retrieval: passages per request")
+	}
+	add.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "with --retrieval: tokens per passage (the collection's)")
+	add.Flags().IntVar(&fl.overlap, "overlap", retrieval.DefaultOverlap, "with --retrieval: tokens shared by consecutive passages")
 
 	del := &cobra.Command{
 		Use:   "delete --dir DIR SOURCES...",
@@ -117,7 +132,16 @@ trained for retrieval).`,
 	stats.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	cmd.AddCommand(build, add, del, stats, newIndexSearchCmd(&fl))
-	cmd.AddCommand(newIndexWarmCmd(&fl))
+	cmd.AddCommand(newIndexWarmCmd(&fl), newIndexPushCmd(&fl))
+	for _, c := range cmd.Commands() {
+		run := c.RunE
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if fl.dir == "" && fl.remote == "" {
+				return fmt.Errorf("--dir is required")
+			}
+			return run(cmd, args)
+		}
+	}
 	return cmd
 }
 
@@ -180,7 +204,10 @@ func newIndexSearchCmd(fl *indexFlags) *cobra.Command {
 }
 
 // runIndexWrite builds (fresh) or adds to an index.
-func runIndexWrite(ctx context.Context, fl indexFlags, paths []string, fresh bool) error {
+func runIndexWrite(ctx context.Context, out io.Writer, fl indexFlags, paths []string, fresh bool) error {
+	if fl.remote != "" {
+		return runIndexStream(ctx, out, fl, paths)
+	}
 	dense := fl.dense
 	var man retrieval.Manifest
 	if !fresh {
@@ -380,4 +407,85 @@ func (b *progressBar) done() {
 		fmt.Fprintln(b.w)
 		b.drawn = false
 	}
+}
+
+// runIndexStream streams files' passages into a remote collection.
+func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []string) error {
+	if fl.dir != "" {
+		return fmt.Errorf("give --dir or --retrieval, not both")
+	}
+	cfg, err := weaviate.ParseURL(fl.remote)
+	if err != nil {
+		return err
+	}
+	store, err := weaviate.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	m, err := llamacpp.Load(fl.model, llamacpp.Options{Threads: fl.threads})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	opts := retrieval.StreamOptions{
+		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
+		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas},
+		Progress: func(p retrieval.StreamProgress) {
+			if fl.quiet {
+				return
+			}
+			rate := float64(p.Files) / p.Elapsed.Seconds()
+			eta := time.Duration(float64(p.FilesTotal-p.Files) / rate * float64(time.Second))
+			fmt.Fprintf(os.Stderr, "\r%d/%d files, %d passages stored (%.0f/s), %d already there, ETA %v   ",
+				p.Files, p.FilesTotal, p.Stored, float64(p.Stored)/p.Elapsed.Seconds(), p.Present, eta.Round(time.Second))
+		},
+	}
+	if spec, err := store.Spec(ctx); err == nil {
+		// An existing collection is filled as it was made.
+		opts.Chunk = retrieval.ChunkOptions{Tokens: spec.ChunkTokens, Overlap: spec.Overlap}
+		if spec.Embedder != "" {
+			emb, closeEmb, err := indexEmbedder(retrieval.Manifest{Embedder: spec.Embedder}, m, fl.threads)
+			if err != nil {
+				return err
+			}
+			defer closeEmb()
+			opts.Embedder = emb
+		}
+	} else if !errors.Is(err, weaviate.ErrNoCollection) {
+		return err
+	} else if fl.dense {
+		emb, closeEmb, err := newEmbedder(embedModel, m, fl.threads)
+		if err != nil {
+			return err
+		}
+		defer closeEmb()
+		opts.Embedder = emb
+	}
+	start := time.Now()
+	rep, err := retrieval.Stream(ctx, store, opts, paths...)
+	if !fl.quiet {
+		fmt.Fprintln(os.Stderr)
+	}
+	printReport(out, os.Stderr, rep.Report, time.Since(start), fl.maxErrors)
+	for i, f := range rep.Failed {
+		if i == fl.maxErrors {
+			fmt.Fprintf(os.Stderr, "  ... and %d more not stored\n", len(rep.Failed)-i)
+			break
+		}
+		fmt.Fprintf(os.Stderr, "  not stored: %v\n", f)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (run the same command again to resume)", err)
+	}
+	n, err := store.Count(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: %d passages stored, %d already there, %d refused; the collection holds %d\n",
+		store, rep.Passages, rep.Present, len(rep.Failed), n)
+	if len(rep.Failed) > 0 {
+		return fmt.Errorf("%d passages not stored", len(rep.Failed))
+	}
+	return nil
 }

@@ -81,7 +81,8 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 			prop("text", "text", "word", false, false),
 			prop("meta", "text", "word", false, false),
 			prop("terms", "text", "whitespace", true, true),
-			prop("nterms", "int", "", false, false),
+			// Summed for the corpus's term count (BM25's average length).
+			prop("nterms", "int", "", true, false),
 		},
 	}
 	c.forgetLayout()

@@ -96,11 +96,19 @@ func (c *Client) candidates(ctx context.Context, q string, score func(additional
 	return out, nil
 }
 
-// DocFreqs returns how many passages hold each term, and how many
-// passages there are, in one request.
-func (c *Client) DocFreqs(ctx context.Context, terms []string) (int, map[string]int, error) {
+// Stats are the corpus statistics BM25 needs for a query.
+type Stats struct {
+	// Passages in the collection, and analyzed terms in all of them.
+	Passages int
+	Terms    int64
+	// DocFreq is how many passages hold each query term.
+	DocFreq map[string]int
+}
+
+// DocFreqs returns the statistics for terms, in one request.
+func (c *Client) DocFreqs(ctx context.Context, terms []string) (Stats, error) {
 	var b strings.Builder
-	b.WriteString("{ Aggregate { total: " + c.cfg.Collection + " { meta { count } } ")
+	b.WriteString("{ Aggregate { total: " + c.cfg.Collection + " { meta { count } nterms { sum } } ")
 	for i, t := range terms {
 		fmt.Fprintf(&b, `t%d: %s(where: {path: ["terms"], operator: Equal, valueText: %s}) { meta { count } } `, i, c.cfg.Collection, strconv.Quote(t))
 	}
@@ -110,10 +118,13 @@ func (c *Client) DocFreqs(ctx context.Context, terms []string) (int, map[string]
 			Meta struct {
 				Count int `json:"count"`
 			} `json:"meta"`
+			NTerms *struct {
+				Sum float64 `json:"sum"`
+			} `json:"nterms"`
 		}
 	}
 	if err := c.graphQL(ctx, b.String(), &data); err != nil {
-		return 0, nil, err
+		return Stats{}, err
 	}
 	count := func(key string) int {
 		if rows := data.Aggregate[key]; len(rows) > 0 {
@@ -121,9 +132,12 @@ func (c *Client) DocFreqs(ctx context.Context, terms []string) (int, map[string]
 		}
 		return 0
 	}
-	df := make(map[string]int, len(terms))
-	for i, t := range terms {
-		df[t] = count(fmt.Sprintf("t%d", i))
+	st := Stats{Passages: count("total"), DocFreq: make(map[string]int, len(terms))}
+	if rows := data.Aggregate["total"]; len(rows) > 0 && rows[0].NTerms != nil {
+		st.Terms = int64(rows[0].NTerms.Sum)
 	}
-	return count("total"), df, nil
+	for i, t := range terms {
+		st.DocFreq[t] = count(fmt.Sprintf("t%d", i))
+	}
+	return st, nil
 }

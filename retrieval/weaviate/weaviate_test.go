@@ -80,10 +80,9 @@ func TestCollectionRoundTrip(t *testing.T) {
 	assert.ElementsMatch(t, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID})
 	assert.InDelta(t, 1, near[0].Score, 0.01)
 
-	total, df, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"})
+	st, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"})
 	require.NoError(t, err)
-	assert.Equal(t, 4, total)
-	assert.Equal(t, map[string]int{"volcano": 2, "honei": 1, "absent": 0}, df)
+	assert.Equal(t, Stats{Passages: 4, Terms: 9, DocFreq: map[string]int{"volcano": 2, "honei": 1, "absent": 0}}, st)
 
 	deleted, err := c.DeleteSource(ctx, "a.txt")
 	require.NoError(t, err)

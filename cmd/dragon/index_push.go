@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
+)
+
+func newIndexPushCmd(fl *indexFlags) *cobra.Command {
+	var (
+		to               string
+		shards, replicas int
+		batch            int
+	)
+	cmd := &cobra.Command{
+		Use:   "push --dir DIR --to weaviate://HOST:PORT/COLLECTION",
+		Short: "Copy an index's passages, terms and vectors into a Weaviate collection (idempotent)",
+		Long: `Creates the collection for the index's embedder and chunking if it is absent
+(--shards, --replicas place it on the cluster; 2 replicas survive losing a
+node) and writes every passage in batches. Passages are keyed by source and
+span, so pushing again, or pushing a rebuilt index, replaces rather than
+duplicates; an interrupted push is finished by running it again. A cloud
+then serves the collection with --index weaviate://HOST:PORT/COLLECTION.
+The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := weaviate.ParseURL(to)
+			if err != nil {
+				return err
+			}
+			store, err := weaviate.New(cfg)
+			if err != nil {
+				return err
+			}
+			defer store.Close()
+			ix, err := retrieval.Open(fl.dir, retrieval.Options{ReadOnly: true})
+			if err != nil {
+				return err
+			}
+			defer ix.Close()
+			start := time.Now()
+			progress := func(done, total int) {
+				if fl.quiet {
+					return
+				}
+				el := time.Since(start).Seconds()
+				rate := float64(done) / el
+				eta := time.Duration(float64(total-done)/rate) * time.Second
+				fmt.Fprintf(os.Stderr, "\rpushed %d/%d passages, %.0f/s, ETA %v   ", done, total, rate, eta.Round(time.Second))
+			}
+			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas}, batch, progress)
+			if !fl.quiet {
+				fmt.Fprintln(os.Stderr)
+			}
+			for i, f := range failed {
+				if i == fl.maxErrors {
+					fmt.Fprintf(os.Stderr, "  ... and %d more\n", len(failed)-i)
+					break
+				}
+				fmt.Fprintf(os.Stderr, "  not stored: %v\n", f)
+			}
+			if err != nil {
+				return err
+			}
+			n, err := store.Count(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "pushed %s to %s in %v: %d failed; the collection holds %d passages\n",
+				fl.dir, store, time.Since(start).Round(time.Millisecond), len(failed), n)
+			if len(failed) > 0 {
+				return fmt.Errorf("%d passages not stored", len(failed))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "collection URL: weaviate://HOST:PORT/COLLECTION or weaviate+https://...")
+	cmd.Flags().IntVar(&shards, "shards", 1, "shards of a new collection")
+	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of each shard of a new collection")
+	cmd.Flags().IntVar(&batch, "batch", 256, "passages per request")
+	cobra.MarkFlagRequired(cmd.Flags(), "to")
+	return cmd
+}

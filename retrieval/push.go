@@ -1,0 +1,84 @@
+package retrieval
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
+)
+
+// RemotePID is a passage's id in a remote collection: a hash of its
+// source and span, so that writing the same passage again, from this
+// index or a rebuilt one, replaces it instead of adding a copy.
+func RemotePID(p Passage) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(p.Source))
+	h.Write([]byte{0})
+	h.Write(strconv.AppendInt(nil, int64(p.Start), 10))
+	h.Write([]byte{0})
+	h.Write(strconv.AppendInt(nil, int64(p.End), 10))
+	return h.Sum64()
+}
+
+// RemoteSpec is what a collection filled from an index with this manifest
+// is made for.
+func RemoteSpec(man Manifest) weaviate.Spec {
+	return weaviate.Spec{
+		Embedder: man.Embedder, Dims: man.Dims, ChunkTokens: man.ChunkTokens, Overlap: man.Overlap,
+		Tokenizer: man.Tokenizer, Analyzer: AnalyzerName,
+	}
+}
+
+// Push copies the index's passages, their analyzed terms and vectors into
+// a collection (created for the index's spec if absent), batch passages
+// per request. It is idempotent: passages already there are replaced.
+// Objects the engine refuses are returned; the rest are stored.
+func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviate.Layout, batch int, progress func(done, total int)) ([]weaviate.ObjectError, error) {
+	if batch <= 0 {
+		batch = 256
+	}
+	ix.mu.RLock()
+	man := ix.man
+	ps := make([]*Passage, 0, len(ix.passages))
+	for _, p := range ix.passages {
+		ps = append(ps, p)
+	}
+	ix.mu.RUnlock()
+	slices.SortFunc(ps, func(a, b *Passage) int { return cmp.Compare(a.ID, b.ID) })
+	if err := store.EnsureCollection(ctx, RemoteSpec(man), layout); err != nil {
+		return nil, err
+	}
+	var failed []weaviate.ObjectError
+	objs := make([]weaviate.Object, 0, batch)
+	for i, p := range ps {
+		o := weaviate.Object{
+			PID: RemotePID(*p), Source: p.Source, Start: p.Start, End: p.End, Tokens: p.Tokens,
+			Text: p.Text, Meta: p.Meta, Terms: Terms(p.Text),
+		}
+		if man.Dense {
+			ix.mu.RLock()
+			o.Vector = ix.vecs[p.ID]
+			ix.mu.RUnlock()
+			if o.Vector == nil {
+				return failed, fmt.Errorf("push %s: passage %d has no vector", ix.dir, p.ID)
+			}
+		}
+		objs = append(objs, o)
+		if len(objs) == batch || i == len(ps)-1 {
+			f, err := store.Upsert(ctx, objs)
+			failed = append(failed, f...)
+			if err != nil {
+				return failed, fmt.Errorf("push %s to %s: %w", ix.dir, store, err)
+			}
+			objs = objs[:0]
+			if progress != nil {
+				progress(i+1, len(ps))
+			}
+		}
+	}
+	return failed, nil
+}

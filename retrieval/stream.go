@@ -1,0 +1,185 @@
+package retrieval
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
+)
+
+// StreamOptions configure Stream.
+type StreamOptions struct {
+	// Tokenizer cuts passages (required); its fingerprint is recorded with
+	// a new collection.
+	Tokenizer Tokenizer
+	// Embedder makes a new collection dense; an existing dense one needs
+	// the same embedder.
+	Embedder Embedder
+	Chunk    ChunkOptions
+	// Batch is how many passages go to the engine per request (default 128):
+	// with one file's passages, all the memory a run holds.
+	Batch int
+	// Layout places a new collection.
+	Layout weaviate.Layout
+	// Progress, if set, is called after each batch.
+	Progress func(StreamProgress)
+}
+
+// StreamProgress is how far a Stream run is.
+type StreamProgress struct {
+	Files, FilesTotal int
+	// Stored counts passages written, Present those found already there
+	// (a resumed run skips them without embedding them again).
+	Stored, Present int
+	Elapsed         time.Duration
+}
+
+// StreamReport is what a Stream run did.
+type StreamReport struct {
+	Report
+	Present int
+	// Failed are the passages the engine refused; the rest are stored.
+	Failed []weaviate.ObjectError
+}
+
+// Stream reads, chunks, embeds and writes files' passages into a
+// collection batch by batch, holding at most one batch and one file's
+// passages in memory. Passages are keyed by source and span (RemotePID):
+// running it again after a kill skips what is stored, without embedding
+// it again, and never writes a passage twice.
+func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths ...string) (StreamReport, error) {
+	var rep StreamReport
+	if o.Tokenizer == nil {
+		return rep, errors.New("retrieval: streaming files needs a tokenizer")
+	}
+	o.Chunk = o.Chunk.withDefaults()
+	if err := o.Chunk.validate(); err != nil {
+		return rep, err
+	}
+	if o.Batch <= 0 {
+		o.Batch = 128
+	}
+	spec := weaviate.Spec{ChunkTokens: o.Chunk.Tokens, Overlap: o.Chunk.Overlap, Tokenizer: tokenizerID(o.Tokenizer), Analyzer: AnalyzerName}
+	if o.Embedder != nil {
+		vs, err := o.Embedder.Embed(ctx, []string{"dimension probe"})
+		if err != nil {
+			return rep, fmt.Errorf("embedder: %w", err)
+		}
+		spec.Embedder, spec.Dims = embedderID(o.Embedder), len(vs[0])
+	}
+	if err := store.EnsureCollection(ctx, spec, o.Layout); err != nil {
+		return rep, err
+	}
+	files, werrs := walk(paths, nil)
+	for _, e := range werrs {
+		rep.skip(e.Path, e.Err)
+	}
+	start := time.Now()
+	var batch []*Passage
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		defer func() { batch = batch[:0] }()
+		pids := make([]uint64, len(batch))
+		for i, p := range batch {
+			pids[i] = RemotePID(*p)
+		}
+		have, err := store.Existing(ctx, pids)
+		if err != nil {
+			return err
+		}
+		var todo []*Passage
+		for i, p := range batch {
+			if have[pids[i]] {
+				rep.Present++
+			} else {
+				todo = append(todo, p)
+			}
+		}
+		if len(todo) == 0 {
+			return nil
+		}
+		objs := make([]weaviate.Object, len(todo))
+		texts := make([]string, len(todo))
+		for i, p := range todo {
+			objs[i] = weaviate.Object{PID: RemotePID(*p), Source: p.Source, Start: p.Start, End: p.End, Tokens: p.Tokens, Text: p.Text, Meta: p.Meta, Terms: Terms(p.Text)}
+			texts[i] = p.Text
+		}
+		if o.Embedder != nil {
+			vs, err := o.Embedder.Embed(ctx, texts)
+			if err != nil {
+				return fmt.Errorf("embed: %w", err)
+			}
+			for i, v := range vs {
+				if objs[i].Vector, err = unit(v); err != nil {
+					return fmt.Errorf("embed %s: %w", todo[i].Source, err)
+				}
+			}
+		}
+		failed, err := store.Upsert(ctx, objs)
+		if err != nil {
+			return err
+		}
+		rep.Failed = append(rep.Failed, failed...)
+		rep.Passages += len(objs) - len(failed)
+		return nil
+	}
+	for i, path := range files {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		ps, ok := readStreamFile(path, o, &rep)
+		for _, p := range ps {
+			batch = append(batch, p)
+			if len(batch) == o.Batch {
+				if err := flush(); err != nil {
+					return rep, fmt.Errorf("write to %s: %w", store, err)
+				}
+			}
+		}
+		if ok {
+			rep.Files++
+		}
+		if i == len(files)-1 {
+			if err := flush(); err != nil {
+				return rep, fmt.Errorf("write to %s: %w", store, err)
+			}
+		}
+		if o.Progress != nil {
+			o.Progress(StreamProgress{Files: i + 1, FilesTotal: len(files), Stored: rep.Passages, Present: rep.Present, Elapsed: time.Since(start)})
+		}
+	}
+	return rep, nil
+}
+
+// readStreamFile reads and chunks one file (every document in it).
+func readStreamFile(path string, o StreamOptions, rep *StreamReport) ([]*Passage, bool) {
+	docs, derrs, err := readDocuments(path)
+	if errors.Is(err, errUnsupported) {
+		rep.Unsupported++
+		return nil, false
+	}
+	if err != nil {
+		rep.skip(path, err)
+		return nil, false
+	}
+	for _, e := range derrs {
+		rep.skip(e.Path, e.Err)
+	}
+	var out []*Passage
+	for _, d := range docs {
+		spans, err := chunkText(o.Tokenizer, d.Text, o.Chunk)
+		if err != nil {
+			rep.skip(d.Source, err)
+			continue
+		}
+		for _, s := range spans {
+			out = append(out, &Passage{Source: d.Source, Start: s.Start, End: s.End, Tokens: s.Tokens, Text: d.Text[s.Start:s.End], Meta: d.Meta})
+		}
+		rep.Documents++
+	}
+	return out, true
+}
