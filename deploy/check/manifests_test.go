@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -40,6 +41,7 @@ var kinds = map[schema.GroupVersionKind]func() any{
 	corev1.SchemeGroupVersion.WithKind("Service"):               func() any { return &corev1.Service{} },
 	corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaim"): func() any { return &corev1.PersistentVolumeClaim{} },
 	appsv1.SchemeGroupVersion.WithKind("Deployment"):            func() any { return &appsv1.Deployment{} },
+	appsv1.SchemeGroupVersion.WithKind("StatefulSet"):           func() any { return &appsv1.StatefulSet{} },
 	policyv1.SchemeGroupVersion.WithKind("PodDisruptionBudget"): func() any { return &policyv1.PodDisruptionBudget{} },
 	monitoringv1.SchemeGroupVersion.WithKind("ServiceMonitor"):  func() any { return &monitoringv1.ServiceMonitor{} },
 }
@@ -55,6 +57,7 @@ type manifests struct {
 	services        []*corev1.Service
 	pvcs            []*corev1.PersistentVolumeClaim
 	deployments     []*appsv1.Deployment
+	statefulSets    []*appsv1.StatefulSet
 	pdbs            []*policyv1.PodDisruptionBudget
 	serviceMonitors []*monitoringv1.ServiceMonitor
 	// crdOnly: files whose every object needs a CRD.
@@ -161,6 +164,8 @@ func loadManifests(t *testing.T) *manifests {
 				m.pvcs = append(m.pvcs, o)
 			case *appsv1.Deployment:
 				m.deployments = append(m.deployments, o)
+			case *appsv1.StatefulSet:
+				m.statefulSets = append(m.statefulSets, o)
 			case *policyv1.PodDisruptionBudget:
 				m.pdbs = append(m.pdbs, o)
 			case *monitoringv1.ServiceMonitor:
@@ -190,6 +195,9 @@ func (m *manifests) objectMetas() map[string]*metav1.ObjectMeta {
 	}
 	for _, o := range m.deployments {
 		add("Deployment", &o.ObjectMeta)
+	}
+	for _, o := range m.statefulSets {
+		add("StatefulSet", &o.ObjectMeta)
 	}
 	for _, o := range m.pdbs {
 		add("PodDisruptionBudget", &o.ObjectMeta)
@@ -231,6 +239,9 @@ func TestKubernetesManifests(t *testing.T) {
 	for _, d := range m.deployments {
 		t.Run("Deployment/"+d.Name, func(t *testing.T) { checkDeployment(t, m, c, d) })
 	}
+	for _, ss := range m.statefulSets {
+		t.Run("StatefulSet/"+ss.Name, func(t *testing.T) { checkStatefulSet(t, m, ss) })
+	}
 
 	t.Run("Services", func(t *testing.T) {
 		headless := 0
@@ -242,7 +253,7 @@ func TestKubernetesManifests(t *testing.T) {
 			}
 			pods := m.podsSelectedBy(s.Namespace, labels.SelectorFromSet(s.Spec.Selector))
 			if len(pods) == 0 {
-				t.Errorf("%s: selector %v selects no Deployment's pods", id, s.Spec.Selector)
+				t.Errorf("%s: selector %v selects no Deployment's or StatefulSet's pods", id, s.Spec.Selector)
 			}
 			if s.Spec.ClusterIP == corev1.ClusterIPNone {
 				headless++
@@ -268,7 +279,7 @@ func TestKubernetesManifests(t *testing.T) {
 				}
 				for _, pod := range pods {
 					if _, ok := resolvePort(pod.containers, target); !ok {
-						t.Errorf("%s: port %s targets %s, which no container of Deployment/%s exposes", id, p.Name, target.String(), pod.owner)
+						t.Errorf("%s: port %s targets %s, which no container of %s exposes", id, p.Name, target.String(), pod.owner)
 					}
 				}
 			}
@@ -279,11 +290,11 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 
 	t.Run("PodDisruptionBudgets", func(t *testing.T) {
-		for _, d := range m.deployments {
+		for _, d := range m.workloads() {
 			found := false
 			for _, p := range m.pdbs {
 				sel, err := metav1.LabelSelectorAsSelector(p.Spec.Selector)
-				if err != nil || sel.Empty() || p.Namespace != d.Namespace || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
+				if err != nil || sel.Empty() || p.Namespace != d.namespace || !sel.Matches(d.labels) {
 					continue
 				}
 				found = true
@@ -291,7 +302,7 @@ func TestKubernetesManifests(t *testing.T) {
 				if (p.Spec.MinAvailable == nil) == (p.Spec.MaxUnavailable == nil) {
 					t.Errorf("%s: set exactly one of minAvailable and maxUnavailable", id)
 				}
-				replicas := replicasOf(d)
+				replicas := d.replicas
 				if v := p.Spec.MinAvailable; v != nil && v.Type == intstr.Int && v.IntValue() >= replicas {
 					t.Errorf("%s: minAvailable %d with %d replicas blocks every eviction (node drains hang)", id, v.IntValue(), replicas)
 				}
@@ -300,7 +311,7 @@ func TestKubernetesManifests(t *testing.T) {
 				}
 			}
 			if !found {
-				t.Errorf("no PodDisruptionBudget selects the pods of Deployment/%s", d.Name)
+				t.Errorf("no PodDisruptionBudget selects the pods of %s", d.owner)
 			}
 		}
 	})
@@ -377,18 +388,37 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 }
 
-// pod is a Deployment's pod template, for Services and PDBs to select.
+// pod is a Deployment's or StatefulSet's pod template, for Services and
+// PDBs to select.
 type pod struct {
-	owner      string
+	owner      string // Kind/name
+	namespace  string
 	labels     labels.Set
 	containers []corev1.Container
+	replicas   int
+}
+
+// workloads are the pod templates of every Deployment and StatefulSet.
+func (m *manifests) workloads() []pod {
+	var out []pod
+	for _, d := range m.deployments {
+		out = append(out, pod{owner: "Deployment/" + d.Name, namespace: d.Namespace, labels: d.Spec.Template.Labels, containers: d.Spec.Template.Spec.Containers, replicas: replicasOf(d)})
+	}
+	for _, ss := range m.statefulSets {
+		r := 1
+		if ss.Spec.Replicas != nil {
+			r = int(*ss.Spec.Replicas)
+		}
+		out = append(out, pod{owner: "StatefulSet/" + ss.Name, namespace: ss.Namespace, labels: ss.Spec.Template.Labels, containers: ss.Spec.Template.Spec.Containers, replicas: r})
+	}
+	return out
 }
 
 func (m *manifests) podsSelectedBy(namespace string, sel labels.Selector) []pod {
 	var out []pod
-	for _, d := range m.deployments {
-		if d.Namespace == namespace && sel.Matches(labels.Set(d.Spec.Template.Labels)) {
-			out = append(out, pod{owner: d.Name, labels: d.Spec.Template.Labels, containers: d.Spec.Template.Spec.Containers})
+	for _, p := range m.workloads() {
+		if p.namespace == namespace && sel.Matches(p.labels) {
+			out = append(out, p)
 		}
 	}
 	return out
@@ -731,11 +761,16 @@ func checkDragonContainer(t *testing.T, m *manifests, c *cli, d *appsv1.Deployme
 		t.Errorf("%s: readiness probe: /readyz is the one that turns 503 on SIGTERM", id)
 	}
 
+	// An index URL names a Service of deploy/k8s in front of a
+	// StatefulSet's pods, on a port it serves.
+	if ix := eff["index"]; strings.HasPrefix(ix, "weaviate://") || strings.HasPrefix(ix, "weaviate+https://") {
+		checkIndexURL(t, m, id, d.Namespace, ix)
+	}
 	// Files dragon reads are on mounted volumes, and the model and index
 	// on read-only ones.
 	for _, f := range []string{"model", "index", "tls-cert", "tls-key", "tls-ca"} {
 		file := eff[f]
-		if file == "" {
+		if file == "" || f == "index" && strings.Contains(file, "://") {
 			continue
 		}
 		if !path.IsAbs(file) {
@@ -784,5 +819,111 @@ func checkDragonContainer(t *testing.T, m *manifests, c *cli, d *appsv1.Deployme
 		} else if lim.Cmp(*resource.NewQuantity(int64(n), resource.DecimalSI)) < 0 {
 			t.Errorf("%s: --threads %d exceeds the CPU limit %s", id, n, lim.String())
 		}
+	}
+}
+
+// checkIndexURL checks a weaviate:// --index against the manifests: its
+// host is a Service (by name, or its cluster DNS name) selecting a
+// StatefulSet's pods, its port one the Service serves, and the collection
+// a valid name.
+func checkIndexURL(t *testing.T, m *manifests, id, namespace, raw string) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Errorf("%s: --index %s: %v", id, raw, err)
+		return
+	}
+	coll := strings.Trim(u.Path, "/")
+	if coll == "" || coll[0] < 'A' || coll[0] > 'Z' {
+		t.Errorf("%s: --index %s: the collection must start with a capital letter", id, raw)
+	}
+	host, portStr := u.Hostname(), u.Port()
+	name, ns, _ := strings.Cut(host, ".")
+	if ns != "" {
+		ns, _, _ = strings.Cut(ns, ".")
+	} else {
+		ns = namespace
+	}
+	for _, s := range m.services {
+		if s.Name != name || s.Namespace != ns {
+			continue
+		}
+		if s.Spec.ClusterIP == corev1.ClusterIPNone {
+			t.Errorf("%s: --index %s: Service/%s is headless; point at the one that balances", id, raw, s.Name)
+		}
+		if !slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return strconv.Itoa(int(p.Port)) == portStr }) {
+			t.Errorf("%s: --index %s: Service/%s serves no port %s", id, raw, s.Name, portStr)
+		}
+		pods := m.podsSelectedBy(s.Namespace, labels.SelectorFromSet(s.Spec.Selector))
+		if !slices.ContainsFunc(pods, func(p pod) bool { return strings.HasPrefix(p.owner, "StatefulSet/") }) {
+			t.Errorf("%s: --index %s: Service/%s selects no StatefulSet's pods", id, raw, s.Name)
+		}
+		return
+	}
+	t.Errorf("%s: --index %s: no Service %s in namespace %s", id, raw, name, ns)
+}
+
+// checkStatefulSet checks the retrieval engine's StatefulSet: a stable
+// network identity through a headless Service, storage that outlives the
+// pod, probes, limits, and a Raft configuration that matches the replicas.
+func checkStatefulSet(t *testing.T, m *manifests, ss *appsv1.StatefulSet) {
+	id := "StatefulSet/" + ss.Name
+	replicas := 1
+	if ss.Spec.Replicas != nil {
+		replicas = int(*ss.Spec.Replicas)
+	}
+	if replicas < 3 {
+		t.Errorf("%s: %d replicas: a replicated collection needs 3 nodes to lose one", id, replicas)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ss.Spec.Selector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(ss.Spec.Template.Labels)) {
+		t.Errorf("%s: selector %v does not select its own pod template", id, ss.Spec.Selector)
+	}
+	headless := false
+	for _, s := range m.services {
+		if s.Name == ss.Spec.ServiceName && s.Namespace == ss.Namespace {
+			headless = s.Spec.ClusterIP == corev1.ClusterIPNone && labels.SelectorFromSet(s.Spec.Selector).Matches(labels.Set(ss.Spec.Template.Labels))
+		}
+	}
+	if !headless {
+		t.Errorf("%s: serviceName %q is not a headless Service selecting its pods", id, ss.Spec.ServiceName)
+	}
+	if len(ss.Spec.VolumeClaimTemplates) == 0 {
+		t.Errorf("%s: no volumeClaimTemplates: a node's data would not outlive its pod", id)
+	}
+	for _, ctr := range ss.Spec.Template.Spec.Containers {
+		cid := id + ": container " + ctr.Name
+		if i := strings.LastIndex(ctr.Image, ":"); i < 0 || strings.HasSuffix(ctr.Image, ":latest") {
+			t.Errorf("%s: image %q: pin a version", cid, ctr.Image)
+		}
+		if ctr.ReadinessProbe == nil || ctr.LivenessProbe == nil {
+			t.Errorf("%s: needs readiness and liveness probes", cid)
+		}
+		if ctr.Resources.Limits.Memory().IsZero() || ctr.Resources.Requests.Cpu().IsZero() {
+			t.Errorf("%s: set memory limits and CPU requests", cid)
+		}
+		for _, vct := range ss.Spec.VolumeClaimTemplates {
+			if !slices.ContainsFunc(ctr.VolumeMounts, func(vm corev1.VolumeMount) bool { return vm.Name == vct.Name }) {
+				t.Errorf("%s: does not mount volume claim %s", cid, vct.Name)
+			}
+		}
+		env := map[string]string{}
+		for _, e := range ctr.Env {
+			env[e.Name] = e.Value
+		}
+		if v, ok := env["RAFT_BOOTSTRAP_EXPECT"]; ok && v != strconv.Itoa(replicas) {
+			t.Errorf("%s: RAFT_BOOTSTRAP_EXPECT %s with %d replicas: Raft never elects a leader", cid, v, replicas)
+		}
+		if v, ok := env["RAFT_JOIN"]; ok {
+			var want []string
+			for i := range replicas {
+				want = append(want, fmt.Sprintf("%s-%d", ss.Name, i))
+			}
+			if v != strings.Join(want, ",") {
+				t.Errorf("%s: RAFT_JOIN %q, want the pods' names %q", cid, v, strings.Join(want, ","))
+			}
+		}
+	}
+	if ss.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("%s: podManagementPolicy %q: nodes must start together (none is ready until Raft has its voters)", id, ss.Spec.PodManagementPolicy)
 	}
 }
