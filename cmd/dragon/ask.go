@@ -51,12 +51,10 @@ func openSearcher(spec string, m engine.Model, threads int) (retrieval.Searcher,
 	var emb retrieval.Embedder
 	closeEmb := func() {}
 	if wspec.Embedder != "" {
-		var e *retrieval.EngineEmbedder
-		if e, closeEmb, err = indexEmbedder(retrieval.Manifest{Embedder: wspec.Embedder}, m, threads); err != nil {
+		if emb, closeEmb, err = indexEmbedder(retrieval.Manifest{Embedder: wspec.Embedder}, m, threads); err != nil {
 			store.Close()
 			return nil, nil, err
 		}
-		emb = e
 	}
 	r, err := retrieval.OpenRemote(ctx, store, emb)
 	if err != nil {

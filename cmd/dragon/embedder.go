@@ -26,9 +26,16 @@ func defaultEmbedModel() string {
 	return "models/all-MiniLM-L6-v2.Q8_0.gguf"
 }
 
-// newEmbedder returns the embedder spec names (a GGUF path or
-// chatEmbedder) and the func that frees it.
-func newEmbedder(spec string, chat engine.Model, threads int) (*retrieval.EngineEmbedder, func(), error) {
+// randomEmbedder names retrieval.RandomEmbedder (384 dimensions, as
+// MiniLM's), for synthetic corpora too large to embed.
+const randomEmbedder = "random"
+
+// newEmbedder returns the embedder spec names (a GGUF path, chatEmbedder or
+// randomEmbedder) and the func that frees it.
+func newEmbedder(spec string, chat engine.Model, threads int) (retrieval.Embedder, func(), error) {
+	if spec == randomEmbedder {
+		return retrieval.RandomEmbedder{Dims: 384}, func() {}, nil
+	}
 	if spec == chatEmbedder {
 		e := retrieval.NewEngineEmbedder(chat, retrieval.EngineEmbedderOptions{Threads: threads})
 		return e, func() { e.Close() }, nil
@@ -48,9 +55,12 @@ func newEmbedder(spec string, chat engine.Model, threads int) (*retrieval.Engine
 // indexEmbedder returns the embedder a dense index was built with: the
 // chat model's when its fingerprint says so, else --embed-model (Open
 // refuses it if it is another model than the index's).
-func indexEmbedder(man retrieval.Manifest, chat engine.Model, threads int) (*retrieval.EngineEmbedder, func(), error) {
+func indexEmbedder(man retrieval.Manifest, chat engine.Model, threads int) (retrieval.Embedder, func(), error) {
 	if man.Embedder == retrieval.NewEngineEmbedder(chat, retrieval.EngineEmbedderOptions{}).Fingerprint() {
 		return newEmbedder(chatEmbedder, chat, threads)
+	}
+	if r := (retrieval.RandomEmbedder{Dims: 384}); man.Embedder == r.Fingerprint() {
+		return r, func() {}, nil
 	}
 	return newEmbedder(embedModel, chat, threads)
 }

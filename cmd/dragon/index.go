@@ -142,6 +142,7 @@ trained for retrieval).`,
 			return run(cmd, args)
 		}
 	}
+	cmd.AddCommand(newIndexSynthCmd(&fl)) // writes no index: needs no --dir
 	return cmd
 }
 

@@ -58,7 +58,7 @@ environment, then the file.`,
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug output (llama.cpp's too)")
-	root.PersistentFlags().StringVar(&embedModel, "embed-model", embedModel, "GGUF sentence-embedding model for dense retrieval, or 'chat' for the chat model's own (prompt-pooled) states; an index is searched with the embedder it was built with")
+	root.PersistentFlags().StringVar(&embedModel, "embed-model", embedModel, "GGUF sentence-embedding model for dense retrieval, 'chat' for the chat model's own (prompt-pooled) states, or 'random' for meaningless random vectors (synthetic corpora); an index is searched with the embedder it was built with")
 	root.PersistentFlags().StringVar(&config, "config", "", "YAML file of flag values by command (see dragon --help)")
 	for _, c := range commands {
 		root.AddCommand(c())

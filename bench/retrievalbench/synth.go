@@ -1,0 +1,124 @@
+package retrievalbench
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// TextModel generates synthetic text with a real corpus's vocabulary and
+// word frequencies (a unigram model) and sentence lengths: enough for
+// BM25's document frequencies and passage lengths to look like the real
+// corpus's at any size. It is for latency and recall-against-exact
+// measurements at scale only; no quality figure comes from it.
+type TextModel struct {
+	words     []string
+	cum       []float64 // cumulative probabilities
+	sentences []int     // sentence lengths in words, as observed
+}
+
+// LearnText counts words and sentence lengths in texts.
+func LearnText(texts []string) (*TextModel, error) {
+	counts := map[string]int{}
+	var sentences []int
+	for _, t := range texts {
+		n := 0
+		for _, w := range strings.Fields(t) {
+			counts[w]++
+			n++
+			if strings.HasSuffix(w, ".") || strings.HasSuffix(w, "?") || strings.HasSuffix(w, "!") {
+				sentences = append(sentences, n)
+				n = 0
+			}
+		}
+		if n > 0 {
+			sentences = append(sentences, n)
+		}
+	}
+	if len(counts) == 0 {
+		return nil, fmt.Errorf("retrievalbench: no words to learn from")
+	}
+	m := &TextModel{sentences: sentences}
+	for w := range counts {
+		m.words = append(m.words, w)
+	}
+	// Most frequent first, ties by word: the model is the same for the
+	// same texts.
+	slices.SortFunc(m.words, func(a, b string) int {
+		if counts[a] != counts[b] {
+			return counts[b] - counts[a]
+		}
+		return strings.Compare(a, b)
+	})
+	total := 0.0
+	for _, w := range m.words {
+		total += float64(counts[w])
+		m.cum = append(m.cum, total)
+	}
+	for i := range m.cum {
+		m.cum[i] /= total
+	}
+	return m, nil
+}
+
+// Vocabulary is the number of distinct words.
+func (m *TextModel) Vocabulary() int { return len(m.words) }
+
+// Word draws one word.
+func (m *TextModel) Word(rng *rand.Rand) string {
+	return m.words[min(sort.SearchFloat64s(m.cum, rng.Float64()), len(m.words)-1)]
+}
+
+// Write writes about words words of sentences to w.
+func (m *TextModel) Write(w io.Writer, words int, rng *rand.Rand) error {
+	bw := bufio.NewWriter(w)
+	for written := 0; written < words; {
+		n := m.sentences[rng.IntN(len(m.sentences))]
+		for i := range n {
+			if i > 0 {
+				bw.WriteByte(' ')
+			}
+			bw.WriteString(m.Word(rng))
+		}
+		bw.WriteString("\n")
+		written += n
+	}
+	return bw.Flush()
+}
+
+// SynthHeader opens every synthetic file, so nobody mistakes it for text.
+const SynthHeader = "SYNTHETIC TEXT (dragon index synth): words drawn from a real corpus's frequencies, for latency and recall at scale only."
+
+// WriteSynthCorpus writes files of synthetic text into dir: about words
+// words in all, perFile words a file, named synth-NNNNNN.txt.
+func WriteSynthCorpus(dir string, m *TextModel, words, perFile int, seed uint64) (files int, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, err
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	for done := 0; done < words; files++ {
+		n := min(perFile, words-done)
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("synth-%06d.txt", files)))
+		if err != nil {
+			return files, err
+		}
+		_, err = fmt.Fprintln(f, SynthHeader)
+		if err == nil {
+			err = m.Write(f, n, rng)
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return files, err
+		}
+		done += n
+	}
+	return files, nil
+}
