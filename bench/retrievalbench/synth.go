@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/dragon-rag/dragon/engine"
 )
 
 // TextModel generates synthetic text with a real corpus's vocabulary and
@@ -121,4 +123,22 @@ func WriteSynthCorpus(dir string, m *TextModel, words, perFile int, seed uint64)
 		done += n
 	}
 	return files, nil
+}
+
+// TokensPerWord is how many tokens tok makes of a word of the model's text,
+// measured on 20,000 words of it: what sizes a synthetic corpus in
+// passages.
+func (m *TextModel) TokensPerWord(tok interface {
+	Tokenize(text string, addSpecial, parseSpecial bool) ([]engine.Token, error)
+}) (float64, error) {
+	var b strings.Builder
+	const words = 20_000
+	if err := m.Write(&b, words, rand.New(rand.NewPCG(3, 4))); err != nil {
+		return 0, err
+	}
+	toks, err := tok.Tokenize(b.String(), false, false)
+	if err != nil {
+		return 0, err
+	}
+	return float64(len(toks)) / float64(len(strings.Fields(b.String()))), nil
 }

@@ -1,17 +1,20 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dragon-rag/dragon/bench/retrievalbench"
+	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/retrieval"
 )
@@ -27,6 +30,9 @@ type retrievalReport struct {
 	EmbedPerS map[string]float64            `json:"embed_per_s"`
 	EmbedOn   int                           `json:"embed_passages"`
 	Quality   *retrievalbench.QualityResult `json:"quality,omitempty"`
+	// Scale is backend → corpus size → hybrid-query figures, on synthetic
+	// corpora with random vectors.
+	Scale map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
 }
 
 func newBenchRetrievalCmd() *cobra.Command {
@@ -37,6 +43,10 @@ func newBenchRetrievalCmd() *cobra.Command {
 		embedOn                int
 		seed                   uint64
 		asJSON, noQuality      bool
+		sizes                  []int
+		backends               []string
+		script                 string
+		queries                int
 	)
 	cmd := &cobra.Command{
 		Use:   "retrieval",
@@ -128,6 +138,21 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				}
 				rep.Quality = &res
 			}
+			if len(sizes) > 0 {
+				var qs []string
+				for _, f := range []string{"nq.test.tsv", "trivia.test.tsv"} {
+					q, err := retrievalbench.LoadQuestions(filepath.Join(questions, f))
+					if err != nil {
+						return err
+					}
+					for _, x := range q[:min(len(q), queries/2)] {
+						qs = append(qs, x.Text)
+					}
+				}
+				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, script, scratch, logf); err != nil {
+					return err
+				}
+			}
 			if asJSON {
 				return writeJSON(cmd.OutOrStdout(), rep)
 			}
@@ -145,7 +170,11 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&embedOn, "embed-passages", 64, "passages embedded for embed_per_s")
 	f.Uint64Var(&seed, "seed", 1, "sampling seed")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
-	f.BoolVar(&noQuality, "no-quality", false, "measure embedding throughput only")
+	f.BoolVar(&noQuality, "no-quality", false, "skip the labelled-question quality run")
+	f.IntSliceVar(&sizes, "sizes", nil, "synthetic corpus sizes for the scale run, e.g. 10000,100000,1000000 (none: no scale run)")
+	f.StringSliceVar(&backends, "backends", []string{"bleve", "engine-1", "engine-3"}, "scale run backends: bleve, engine-N (N Weaviate nodes on loopback)")
+	f.StringVar(&script, "cluster-script", "deploy/weaviate/cluster.sh", "starts engine nodes (its binary: $WEAVIATE_BIN or build/weaviate, make weaviate)")
+	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
 	return cmd
 }
 
@@ -161,4 +190,47 @@ func printRetrievalReport(w interface{ Write([]byte) (int, error) }, r retrieval
 		}
 	}
 	return nil
+}
+
+// benchScale writes a synthetic corpus of each size (from the real
+// corpus's word statistics) and measures every backend over it, with
+// random vectors (no embedding model embeds millions of passages here).
+func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, script, scratch string, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
+	model, err := retrievalbench.LearnText(real)
+	if err != nil {
+		return nil, err
+	}
+	perWord, err := model.TokensPerWord(m)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]map[string]retrievalbench.ScalePoint{}
+	base := 21000
+	for _, n := range sizes {
+		dir := filepath.Join(scratch, fmt.Sprintf("scale-%d", n))
+		corpus := filepath.Join(dir, "corpus")
+		if _, err := retrievalbench.WriteSynthCorpus(corpus, model, int(float64(n)*retrieval.DefaultChunkTokens/perWord), 50_000, uint64(n)); err != nil {
+			return out, err
+		}
+		logf("scale: synthetic corpus of about %d passages", n)
+		res, err := retrievalbench.Scale(ctx, retrievalbench.ScaleOptions{
+			Corpus: corpus, Passages: n, Tokenizer: m, Embedder: retrieval.RandomEmbedder{Dims: 384},
+			Queries: queries, Backends: backends, Dir: dir, Log: logf,
+			StartEngine: func(nodes int) (retrievalbench.Cluster, error) {
+				base += 1000
+				return retrievalbench.StartScriptCluster(script, filepath.Join(dir, fmt.Sprintf("engine-%d", nodes)), nodes, base, nil)
+			},
+		})
+		if err != nil {
+			return out, err
+		}
+		for b, p := range res {
+			if out[b] == nil {
+				out[b] = map[string]retrievalbench.ScalePoint{}
+			}
+			out[b][strconv.Itoa(n)] = p
+		}
+		os.RemoveAll(dir)
+	}
+	return out, nil
 }

@@ -59,18 +59,16 @@ No quality figure may come from it.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", from, err)
 			}
-			// Tokens per word of the real text, by the chunker's tokenizer.
+			// Tokens per synthetic word, by the chunker's tokenizer.
 			m, err := llamacpp.Load(fl.model, llamacpp.Options{Threads: 1})
 			if err != nil {
 				return err
 			}
 			defer m.Close()
-			sample := strings.Join(texts[:min(len(texts), 200)], "\n")
-			toks, err := m.Tokenize(sample, false, false)
+			perWord, err := model.TokensPerWord(m)
 			if err != nil {
 				return err
 			}
-			perWord := float64(len(toks)) / float64(max(1, len(strings.Fields(sample))))
 			words := int(float64(passages) * float64(fl.chunkTokens) / perWord)
 			files, err := retrievalbench.WriteSynthCorpus(out, model, words, 50_000, seed)
 			if err != nil {

@@ -1,0 +1,300 @@
+package retrievalbench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
+)
+
+// ScalePoint is one backend at one corpus size, for hybrid queries.
+type ScalePoint struct {
+	Passages int     `json:"passages"`
+	P50Ms    float64 `json:"p50_ms"`
+	P99Ms    float64 `json:"p99_ms"`
+	// QPS is queries per second with Clients queries in flight.
+	QPS float64 `json:"qps"`
+	// RecallAt10 is the share of the exact hybrid top 10 (exact BM25 and
+	// brute-force dense search, fused alike) that the backend returns.
+	RecallAt10 float64 `json:"recall_at_10"`
+	IngestPerS float64 `json:"ingest_per_s"`
+	// RSSMB is the resident memory of what serves the index: this process
+	// for bleve (less what it held before), the engine's nodes otherwise.
+	RSSMB float64 `json:"rss_mb"`
+}
+
+// Cluster is a running engine: its URL and the resident memory of its
+// nodes.
+type Cluster interface {
+	URL() string
+	RSSBytes() (int64, error)
+	Stop() error
+}
+
+// ScaleOptions configure Scale.
+type ScaleOptions struct {
+	// Corpus is a folder of text (a synthetic corpus, `dragon index
+	// synth`) and Passages how many passages it makes.
+	Corpus   string
+	Passages int
+	// Tokenizer cuts passages; Embedder embeds them and the queries.
+	Tokenizer retrieval.Tokenizer
+	Embedder  retrieval.Embedder
+	Queries   []string
+	// Backends to measure: "bleve", or "engine-N" started by StartEngine.
+	Backends    []string
+	StartEngine func(nodes int) (Cluster, error)
+	// Clients in flight for QPS (default 4).
+	Clients int
+	Dir     string
+	Log     func(format string, args ...any)
+}
+
+// Scale measures each backend over one corpus.
+func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
+	if o.Clients <= 0 {
+		o.Clients = 4
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	// The reference: exact BM25 (bleve) and exact dense search (a scan of
+	// every vector), fused by the same RRF.
+	start := time.Now()
+	before := selfRSS()
+	exact, _, err := retrieval.Build(ctx, filepath.Join(o.Dir, "bleve"), retrieval.Options{
+		Tokenizer: o.Tokenizer, Embedder: o.Embedder, ExactDenseMax: 1 << 40, EmbedBatch: 256,
+	}, o.Corpus)
+	if err != nil {
+		return nil, fmt.Errorf("reference index: %w", err)
+	}
+	buildS := time.Since(start).Seconds()
+	n := exact.Stats().Manifest.Passages
+	o.Log("%d passages indexed by bleve in %.0fs", n, buildS)
+	ref := make([][]string, len(o.Queries))
+	for i, q := range o.Queries {
+		hits, err := exact.Search(ctx, q, 10, retrieval.ModeHybrid)
+		if err != nil {
+			exact.Close()
+			return nil, err
+		}
+		ref[i] = hitKeys(hits)
+	}
+	if err := exact.Close(); err != nil {
+		return nil, err
+	}
+
+	out := map[string]ScalePoint{}
+	for _, b := range o.Backends {
+		var (
+			s      retrieval.Searcher
+			ingest float64
+			rss    func() float64
+			stop   = func() {}
+		)
+		switch {
+		case b == "bleve":
+			// The bleve index as the daemons open it (HNSW past
+			// retrieval.DefaultExactDenseMax passages).
+			ix, err := retrieval.Open(filepath.Join(o.Dir, "bleve"), retrieval.Options{ReadOnly: true, Embedder: o.Embedder})
+			if err != nil {
+				return out, err
+			}
+			s, stop = ix, func() { ix.Close() }
+			ingest = float64(n) / buildS
+			rss = func() float64 { return float64(selfRSS()-before) / (1 << 20) }
+		case strings.HasPrefix(b, "engine-"):
+			nodes, err := strconv.Atoi(strings.TrimPrefix(b, "engine-"))
+			if err != nil || nodes < 1 {
+				return out, fmt.Errorf("backend %q: want engine-N", b)
+			}
+			cl, err := o.StartEngine(nodes)
+			if err != nil {
+				return out, err
+			}
+			store, err := weaviate.New(weaviate.Config{URL: cl.URL(), Collection: "Scale", Timeout: time.Minute})
+			if err != nil {
+				cl.Stop()
+				return out, err
+			}
+			layout := weaviate.Layout{Shards: nodes, Replicas: min(2, nodes)}
+			t0 := time.Now()
+			rep, err := retrieval.Stream(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus)
+			if err == nil && len(rep.Failed) > 0 {
+				err = fmt.Errorf("%d passages refused, the first: %v", len(rep.Failed), rep.Failed[0])
+			}
+			if err != nil {
+				cl.Stop()
+				return out, fmt.Errorf("%s: ingest: %w", b, err)
+			}
+			ingest = float64(rep.Passages) / time.Since(t0).Seconds()
+			o.Log("%s: %d passages ingested at %.0f/s", b, rep.Passages, ingest)
+			r, err := retrieval.OpenRemote(ctx, store, o.Embedder)
+			if err != nil {
+				cl.Stop()
+				return out, err
+			}
+			s = r
+			stop = func() { store.Close(); cl.Stop() }
+			rss = func() float64 {
+				v, _ := cl.RSSBytes()
+				return float64(v) / (1 << 20)
+			}
+		default:
+			return out, fmt.Errorf("unknown backend %q (bleve, engine-N)", b)
+		}
+		p, err := measure(ctx, s, o.Queries, ref, o.Clients)
+		if err != nil {
+			stop()
+			return out, fmt.Errorf("%s: %w", b, err)
+		}
+		p.Passages, p.IngestPerS, p.RSSMB = n, ingest, rss()
+		o.Log("%s: %+v", b, p)
+		out[b] = p
+		stop()
+	}
+	return out, nil
+}
+
+func hitKeys(hits []retrieval.Hit) []string {
+	out := make([]string, len(hits))
+	for i, h := range hits {
+		out[i] = fmt.Sprintf("%s@%d", h.Passage.Source, h.Passage.Start)
+	}
+	return out
+}
+
+// measure runs the queries one at a time (latency, recall), then from
+// clients goroutines at once (throughput).
+func measure(ctx context.Context, s retrieval.Searcher, queries []string, ref [][]string, clients int) (ScalePoint, error) {
+	var p ScalePoint
+	lat := make([]float64, 0, len(queries))
+	var recall float64
+	for i, q := range queries {
+		t0 := time.Now()
+		hits, err := s.Search(ctx, q, 10, retrieval.ModeHybrid)
+		if err != nil {
+			return p, err
+		}
+		lat = append(lat, float64(time.Since(t0).Microseconds())/1000)
+		got := hitKeys(hits)
+		shared := 0
+		for _, k := range ref[i] {
+			if slices.Contains(got, k) {
+				shared++
+			}
+		}
+		if len(ref[i]) > 0 {
+			recall += float64(shared) / float64(len(ref[i]))
+		}
+	}
+	slices.Sort(lat)
+	p.P50Ms = lat[len(lat)/2]
+	p.P99Ms = lat[min(len(lat)-1, len(lat)*99/100)]
+	p.RecallAt10 = recall / float64(len(queries))
+
+	var wg sync.WaitGroup
+	var firstErr error
+	var mu sync.Mutex
+	t0 := time.Now()
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; i < len(queries); i += clients {
+				if _, err := s.Search(ctx, queries[i], 10, retrieval.ModeHybrid); err != nil {
+					mu.Lock()
+					firstErr = err
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	p.QPS = float64(len(queries)) / time.Since(t0).Seconds()
+	return p, firstErr
+}
+
+// selfRSS is this process's resident set in bytes (0 where /proc is not).
+func selfRSS() int64 { return rssOf(os.Getpid()) }
+
+// rssOf reads VmRSS of a process from /proc.
+func rssOf(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// ScriptCluster is a cluster started by deploy/weaviate/cluster.sh.
+type ScriptCluster struct {
+	Script, Dir string
+	Base        int
+	Env         []string
+}
+
+// URL implements Cluster.
+func (c *ScriptCluster) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", c.Base) }
+
+// RSSBytes implements Cluster: the nodes' resident memory summed.
+func (c *ScriptCluster) RSSBytes() (int64, error) {
+	pids, err := filepath.Glob(filepath.Join(c.Dir, "node-*.pid"))
+	if err != nil {
+		return 0, err
+	}
+	var sum int64
+	for _, f := range pids {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return 0, err
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return 0, err
+		}
+		sum += rssOf(pid)
+	}
+	return sum, nil
+}
+
+// Stop implements Cluster.
+func (c *ScriptCluster) Stop() error { return runScript(c.Script, c.Env, "stop", c.Dir) }
+
+// StartScriptCluster starts nodes with the script (which waits until all
+// are ready).
+func StartScriptCluster(script, dir string, nodes, base int, env []string) (*ScriptCluster, error) {
+	c := &ScriptCluster{Script: script, Dir: dir, Base: base, Env: env}
+	if err := runScript(script, env, "start", dir, strconv.Itoa(nodes), strconv.Itoa(base)); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func runScript(script string, env []string, args ...string) error {
+	cmd := exec.Command(script, args...)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(script), strings.Join(args, " "), err, out)
+	}
+	return nil
+}
