@@ -104,14 +104,7 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 		found[c.PID] = c
 		sem = append(sem, scored{c.PID, c.Score})
 	}
-	hits := fuse(mode, lex, upper, sem, pool)
-	slices.SortFunc(hits, func(a, b Hit) int {
-		if c := cmp.Compare(b.Score, a.Score); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Passage.ID, b.Passage.ID)
-	})
-	hits = hits[:min(k, len(hits))]
+	hits := best(fuse(mode, lex, upper, sem, pool), k)
 	for i := range hits {
 		c := found[hits[i].Passage.ID]
 		hits[i].Passage = Passage{ID: c.PID, Source: c.Source, Start: c.Start, End: c.End, Tokens: c.Tokens, Text: c.Text, Meta: c.Meta}

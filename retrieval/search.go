@@ -91,14 +91,7 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 		dead := max(0, ix.graph.Len()-len(ix.vecs))
 		sem = graphSearch(ix.graph, qv, pool, dead, live)
 	}
-	hits := fuse(mode, lex, upper, sem, pool)
-	slices.SortFunc(hits, func(a, b Hit) int {
-		if c := cmp.Compare(b.Score, a.Score); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Passage.ID, b.Passage.ID)
-	})
-	hits = hits[:min(k, len(hits))]
+	hits := best(fuse(mode, lex, upper, sem, pool), k)
 	for i := range hits {
 		hits[i].Passage = *ix.passages[hits[i].Passage.ID]
 	}
@@ -191,6 +184,17 @@ func fuse(mode Mode, lex []scored, upper float64, sem []scored, pool int) []Hit 
 		hits = append(hits, *h)
 	}
 	return hits
+}
+
+// best sorts fused hits by R, ties by passage id, and keeps the first k.
+func best(hits []Hit, k int) []Hit {
+	slices.SortFunc(hits, func(a, b Hit) int {
+		if c := cmp.Compare(b.Score, a.Score); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Passage.ID, b.Passage.ID)
+	})
+	return hits[:min(k, len(hits))]
 }
 
 // rrf is one ranker's reciprocal-rank term; rank 0 means absent from a list

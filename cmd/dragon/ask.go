@@ -33,11 +33,7 @@ func openSearcher(spec string, m engine.Model, threads int) (retrieval.Searcher,
 		}
 		return ix, closeIx, nil
 	}
-	cfg, err := weaviate.ParseURL(spec)
-	if err != nil {
-		return nil, nil, err
-	}
-	store, err := weaviate.New(cfg)
+	store, err := weaviate.Open(spec)
 	if err != nil {
 		return nil, nil, err
 	}

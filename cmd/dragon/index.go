@@ -415,11 +415,7 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	if fl.dir != "" {
 		return fmt.Errorf("give --dir or --retrieval, not both")
 	}
-	cfg, err := weaviate.ParseURL(fl.remote)
-	if err != nil {
-		return err
-	}
-	store, err := weaviate.New(cfg)
+	store, err := weaviate.Open(fl.remote)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,21 @@ import (
 	"github.com/dragon-rag/dragon/retrieval"
 )
 
+// embeddingSetup points --embed-model at the test's embedding model for
+// the test and writes warmDocs as files; it returns the chat model's path
+// and the files' folder.
+func embeddingSetup(t *testing.T) (model, src string) {
+	t.Helper()
+	old := embedModel
+	embedModel = testmodel.EmbedPath(t)
+	t.Cleanup(func() { embedModel = old })
+	src = t.TempDir()
+	for name, text := range warmDocs {
+		require.NoError(t, os.WriteFile(filepath.Join(src, name), []byte(text+"\n"), 0o644))
+	}
+	return testmodel.Path(t), src
+}
+
 // runIndex runs `dragon index args...` and returns its stdout.
 func runIndex(t *testing.T, args ...string) (string, error) {
 	t.Helper()
@@ -29,14 +44,7 @@ func runIndex(t *testing.T, args ...string) (string, error) {
 // default, search finds a paraphrase through it, and adding to the index
 // later uses the index's embedder whatever --embed-model says.
 func TestIndexDenseWithEmbeddingModel(t *testing.T) {
-	old := embedModel
-	embedModel = testmodel.EmbedPath(t)
-	t.Cleanup(func() { embedModel = old })
-	model := testmodel.Path(t)
-	src := t.TempDir()
-	for name, text := range warmDocs {
-		require.NoError(t, os.WriteFile(filepath.Join(src, name), []byte(text+"\n"), 0o644))
-	}
+	model, src := embeddingSetup(t)
 	dir := filepath.Join(t.TempDir(), "index")
 	_, err := runIndex(t, "build", "--dir", dir, "--model", model, "--threads", "2", "-q", src)
 	require.NoError(t, err)

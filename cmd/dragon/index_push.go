@@ -29,11 +29,7 @@ then serves the collection with --index weaviate://HOST:PORT/COLLECTION.
 The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cfg, err := weaviate.ParseURL(to)
-			if err != nil {
-				return err
-			}
-			store, err := weaviate.New(cfg)
+			store, err := weaviate.Open(to)
 			if err != nil {
 				return err
 			}

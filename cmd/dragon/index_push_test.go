@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,14 +60,7 @@ func TestIndexPushAndServeFromWeaviate(t *testing.T) {
 // embedding model's vectors; `index add` of the same files finds them all
 // there; the cloud's --index URL searches them densely.
 func TestIndexBuildIntoWeaviate(t *testing.T) {
-	old := embedModel
-	embedModel = testmodel.EmbedPath(t)
-	t.Cleanup(func() { embedModel = old })
-	model := testmodel.Path(t)
-	src := t.TempDir()
-	for name, text := range warmDocs {
-		require.NoError(t, os.WriteFile(filepath.Join(src, name), []byte(text+"\n"), 0o644))
-	}
+	model, src := embeddingSetup(t)
 	cl := weaviatetest.Start(t, 1)
 	url := "weaviate://" + strings.TrimPrefix(cl.URL(0), "http://") + "/Docs"
 

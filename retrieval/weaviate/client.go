@@ -90,6 +90,15 @@ func ParseURL(raw string) (Config, error) {
 	return cfg, nil
 }
 
+// Open returns a client for a --retrieval URL (ParseURL).
+func Open(raw string) (*Client, error) {
+	cfg, err := ParseURL(raw)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg)
+}
+
 var collectionName = regexp.MustCompile(`^[A-Z][A-Za-z0-9_]{0,230}$`)
 
 func validCollection(name string) error {
