@@ -87,10 +87,13 @@ trained for retrieval).`,
 	add.Flags().IntVar(&fl.overlap, "overlap", retrieval.DefaultOverlap, "with --retrieval: tokens shared by consecutive passages")
 
 	del := &cobra.Command{
-		Use:   "delete --dir DIR SOURCES...",
+		Use:   "delete --dir DIR|--retrieval URL SOURCES...",
 		Short: "Remove files, mbox messages (path#N), mboxes or folders from an index",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if fl.remote != "" {
+				return deleteRemote(cmd, fl, args)
+			}
 			ix, err := retrieval.Open(fl.dir, retrieval.Options{})
 			if err != nil {
 				return err
@@ -114,6 +117,8 @@ trained for retrieval).`,
 			return nil
 		},
 	}
+
+	del.Flags().StringVar(&fl.remote, "retrieval", "", "delete from a Weaviate collection instead of --dir: weaviate://HOST:PORT/COLLECTION")
 
 	var asJSON bool
 	stats := &cobra.Command{
@@ -483,6 +488,28 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 		store, rep.Passages, rep.Present, len(rep.Failed), n)
 	if len(rep.Failed) > 0 {
 		return fmt.Errorf("%d passages not stored", len(rep.Failed))
+	}
+	return nil
+}
+
+// deleteRemote removes sources (as absolute paths, like the local index's
+// Delete) from a remote collection.
+func deleteRemote(cmd *cobra.Command, fl indexFlags, sources []string) error {
+	store, err := weaviate.Open(fl.remote)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	for _, src := range sources {
+		abs, err := filepath.Abs(src)
+		if err != nil {
+			return err
+		}
+		n, err := store.DeleteUnder(cmd.Context(), abs)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: %d passages\n", abs, n)
 	}
 	return nil
 }

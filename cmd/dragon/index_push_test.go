@@ -82,6 +82,15 @@ func TestIndexBuildIntoWeaviate(t *testing.T) {
 	require.Len(t, hits, 1)
 	assert.Equal(t, "volcano.txt", filepath.Base(hits[0].Passage.Source))
 
+	out, err = runIndex(t, "delete", "--retrieval", url, filepath.Join(src, "volcano.txt"))
+	require.NoError(t, err)
+	assert.Contains(t, out, "volcano.txt: 1 passages")
+	hits, err = ix.Search(t.Context(), "a mountain spewing molten rock", 5, retrieval.ModeDense)
+	require.NoError(t, err)
+	for _, h := range hits {
+		assert.NotEqual(t, "volcano.txt", filepath.Base(h.Passage.Source))
+	}
+
 	_, err = runIndex(t, "build", "--model", model, src)
 	assert.ErrorContains(t, err, "--dir is required")
 }

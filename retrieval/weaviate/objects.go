@@ -159,11 +159,33 @@ func (c *Client) Count(ctx context.Context) (int, error) {
 
 // DeleteSource removes every passage of source and returns how many.
 func (c *Client) DeleteSource(ctx context.Context, source string) (int, error) {
+	return c.deleteWhere(ctx, map[string]any{"path": []string{"source"}, "operator": "Equal", "valueText": source})
+}
+
+// DeleteUnder removes the passages of source and of every source under it
+// (source#N: an mbox's messages; source/...: a folder's files).
+func (c *Client) DeleteUnder(ctx context.Context, source string) (int, error) {
+	if strings.ContainsAny(source, "*?") {
+		return 0, fmt.Errorf("%w: source %q holds a wildcard", ErrInvalid, source)
+	}
+	n := 0
+	for _, w := range []map[string]any{
+		{"path": []string{"source"}, "operator": "Equal", "valueText": source},
+		{"path": []string{"source"}, "operator": "Like", "valueText": source + "#*"},
+		{"path": []string{"source"}, "operator": "Like", "valueText": source + "/*"},
+	} {
+		k, err := c.deleteWhere(ctx, w)
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *Client) deleteWhere(ctx context.Context, where map[string]any) (int, error) {
 	body := map[string]any{
-		"match": map[string]any{
-			"class": c.cfg.Collection,
-			"where": map[string]any{"path": []string{"source"}, "operator": "Equal", "valueText": source},
-		},
+		"match": map[string]any{"class": c.cfg.Collection, "where": where},
 	}
 	var resp struct {
 		Results struct {
@@ -175,7 +197,7 @@ func (c *Client) DeleteSource(ctx context.Context, source string) (int, error) {
 		return 0, err
 	}
 	if resp.Results.Failed > 0 {
-		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages of %s not deleted", resp.Results.Failed, source)
+		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages matching %v not deleted", resp.Results.Failed, where["valueText"])
 	}
 	return resp.Results.Successful, nil
 }

@@ -91,8 +91,26 @@ func TestCollectionRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
 
+	// A folder and an mbox's messages go with their path.
+	failed, err := c.Upsert(ctx, []Object{
+		{PID: 10, Source: "/d/box.mbox#1", Text: "m", Terms: []string{"m"}, Vector: unitVec(1, 1, 0, 0)},
+		{PID: 11, Source: "/d/box.mbox#2", Text: "m", Terms: []string{"m"}, Vector: unitVec(1, 1, 0, 0)},
+		{PID: 12, Source: "/d/sub/x.txt", Text: "x", Terms: []string{"x"}, Vector: unitVec(1, 1, 0, 0)},
+		{PID: 13, Source: "/dx/y.txt", Text: "y", Terms: []string{"y"}, Vector: unitVec(1, 1, 0, 0)},
+	})
+	require.NoError(t, err)
+	require.Empty(t, failed)
+	deleted, err = c.DeleteUnder(ctx, "/d/box.mbox")
+	require.NoError(t, err)
+	assert.Equal(t, 2, deleted)
+	deleted, err = c.DeleteUnder(ctx, "/d")
+	require.NoError(t, err)
+	assert.Equal(t, 1, deleted, "/dx is not under /d")
+	_, err = c.DeleteUnder(ctx, "/d*")
+	assert.ErrorIs(t, err, ErrInvalid)
+
 	// A vector of another dimension is refused, object by object.
-	failed, err := c.Upsert(ctx, []Object{{PID: 7, Source: "d.txt", Text: "x", Terms: []string{"x"}, Vector: unitVec(1, 2, 3)}})
+	failed, err = c.Upsert(ctx, []Object{{PID: 7, Source: "d.txt", Text: "x", Terms: []string{"x"}, Vector: unitVec(1, 2, 3)}})
 	if err == nil {
 		require.Len(t, failed, 1)
 		assert.Equal(t, uint64(7), failed[0].PID)
