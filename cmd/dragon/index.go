@@ -142,7 +142,7 @@ trained for retrieval).`,
 		run := c.RunE
 		c.RunE = func(cmd *cobra.Command, args []string) error {
 			if fl.dir == "" && fl.remote == "" {
-				return fmt.Errorf("--dir is required")
+				return fmt.Errorf(`required flag "dir" not set`)
 			}
 			return run(cmd, args)
 		}

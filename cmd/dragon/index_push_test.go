@@ -92,5 +92,5 @@ func TestIndexBuildIntoWeaviate(t *testing.T) {
 	}
 
 	_, err = runIndex(t, "build", "--model", model, src)
-	assert.ErrorContains(t, err, "--dir is required")
+	assert.ErrorContains(t, err, `required flag "dir" not set`)
 }
