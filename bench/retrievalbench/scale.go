@@ -16,15 +16,16 @@ import (
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
 
-// ScalePoint is one backend at one corpus size, for hybrid queries.
+// ScalePoint is one backend at one corpus size, for queries of one mode
+// (hybrid unless said otherwise).
 type ScalePoint struct {
 	Passages int     `json:"passages"`
 	P50Ms    float64 `json:"p50_ms"`
 	P99Ms    float64 `json:"p99_ms"`
 	// QPS is queries per second with Clients queries in flight.
 	QPS float64 `json:"qps"`
-	// RecallAt10 is the share of the exact hybrid top 10 (exact BM25 and
-	// brute-force dense search, fused alike) that the backend returns.
+	// RecallAt10 is the share of the exact top 10 (exact BM25, brute-force
+	// dense search, fused alike for hybrid) that the backend returns.
 	RecallAt10 float64 `json:"recall_at_10"`
 	IngestPerS float64 `json:"ingest_per_s"`
 	// RSSMB is the resident memory of what serves the index: this process
@@ -50,6 +51,9 @@ type ScaleOptions struct {
 	Tokenizer retrieval.Tokenizer
 	Embedder  retrieval.Embedder
 	Queries   []string
+	// Mode of the queries (default hybrid); recall is against the exact
+	// search of the same mode.
+	Mode retrieval.Mode
 	// Backends to measure: "bleve", or "engine-N" started by StartEngine.
 	Backends    []string
 	StartEngine func(nodes int) (Cluster, error)
@@ -63,6 +67,9 @@ type ScaleOptions struct {
 func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 	if o.Clients <= 0 {
 		o.Clients = 4
+	}
+	if o.Mode == retrieval.ModeAuto {
+		o.Mode = retrieval.ModeHybrid
 	}
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
@@ -82,7 +89,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 	o.Log("%d passages indexed by bleve in %.0fs", n, buildS)
 	ref := make([][]string, len(o.Queries))
 	for i, q := range o.Queries {
-		hits, err := exact.Search(ctx, q, 10, retrieval.ModeHybrid)
+		hits, err := exact.Search(ctx, q, 10, o.Mode)
 		if err != nil {
 			exact.Close()
 			return nil, err
@@ -152,7 +159,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 		default:
 			return out, fmt.Errorf("unknown backend %q (bleve, engine-N)", b)
 		}
-		p, err := measure(ctx, s, o.Queries, ref, o.Clients)
+		p, err := measure(ctx, s, o.Mode, o.Queries, ref, o.Clients)
 		if err != nil {
 			stop()
 			return out, fmt.Errorf("%s: %w", b, err)
@@ -175,13 +182,13 @@ func hitKeys(hits []retrieval.Hit) []string {
 
 // measure runs the queries one at a time (latency, recall), then from
 // clients goroutines at once (throughput).
-func measure(ctx context.Context, s retrieval.Searcher, queries []string, ref [][]string, clients int) (ScalePoint, error) {
+func measure(ctx context.Context, s retrieval.Searcher, mode retrieval.Mode, queries []string, ref [][]string, clients int) (ScalePoint, error) {
 	var p ScalePoint
 	lat := make([]float64, 0, len(queries))
 	var recall float64
 	for i, q := range queries {
 		t0 := time.Now()
-		hits, err := s.Search(ctx, q, 10, retrieval.ModeHybrid)
+		hits, err := s.Search(ctx, q, 10, mode)
 		if err != nil {
 			return p, err
 		}
@@ -211,7 +218,7 @@ func measure(ctx context.Context, s retrieval.Searcher, queries []string, ref []
 		go func() {
 			defer wg.Done()
 			for i := c; i < len(queries); i += clients {
-				if _, err := s.Search(ctx, queries[i], 10, retrieval.ModeHybrid); err != nil {
+				if _, err := s.Search(ctx, queries[i], 10, mode); err != nil {
 					mu.Lock()
 					firstErr = err
 					mu.Unlock()

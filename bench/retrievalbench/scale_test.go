@@ -34,13 +34,13 @@ func TestMeasureRecall(t *testing.T) {
 		hits, _ := fixedSearcher{}.Search(t.Context(), q, 10, retrieval.ModeHybrid)
 		ref[i] = hitKeys(hits)
 	}
-	p, err := measure(t.Context(), fixedSearcher{}, queries, ref, 2)
+	p, err := measure(t.Context(), fixedSearcher{}, retrieval.ModeHybrid, queries, ref, 2)
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, p.RecallAt10)
 	assert.Greater(t, p.QPS, 0.0)
 	assert.LessOrEqual(t, p.P50Ms, p.P99Ms)
 
-	p, err = measure(t.Context(), fixedSearcher{miss: 3}, queries, ref, 2)
+	p, err = measure(t.Context(), fixedSearcher{miss: 3}, retrieval.ModeHybrid, queries, ref, 2)
 	require.NoError(t, err)
 	assert.InDelta(t, 0.7, p.RecallAt10, 1e-12)
 

@@ -47,6 +47,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		backends               []string
 		script                 string
 		queries                int
+		scaleMode              string
 	)
 	cmd := &cobra.Command{
 		Use:   "retrieval",
@@ -149,7 +150,11 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 						qs = append(qs, x.Text)
 					}
 				}
-				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, script, scratch, logf); err != nil {
+				mode, err := retrieval.ParseMode(scaleMode)
+				if err != nil {
+					return err
+				}
+				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, mode, script, scratch, logf); err != nil {
 					return err
 				}
 			}
@@ -175,6 +180,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.StringSliceVar(&backends, "backends", []string{"bleve", "engine-1", "engine-3"}, "scale run backends: bleve, engine-N (N Weaviate nodes on loopback)")
 	f.StringVar(&script, "cluster-script", "deploy/weaviate/cluster.sh", "starts engine nodes (its binary: $WEAVIATE_BIN or build/weaviate, make weaviate)")
 	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
+	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	return cmd
 }
 
@@ -195,7 +201,7 @@ func printRetrievalReport(w interface{ Write([]byte) (int, error) }, r retrieval
 // benchScale writes a synthetic corpus of each size (from the real
 // corpus's word statistics) and measures every backend over it, with
 // random vectors (no embedding model embeds millions of passages here).
-func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, script, scratch string, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
+func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, mode retrieval.Mode, script, scratch string, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
 	model, err := retrievalbench.LearnText(real)
 	if err != nil {
 		return nil, err
@@ -215,7 +221,7 @@ func benchScale(ctx context.Context, m engine.Model, real, queries []string, siz
 		logf("scale: synthetic corpus of about %d passages", n)
 		res, err := retrievalbench.Scale(ctx, retrievalbench.ScaleOptions{
 			Corpus: corpus, Passages: n, Tokenizer: m, Embedder: retrieval.RandomEmbedder{Dims: 384},
-			Queries: queries, Backends: backends, Dir: dir, Log: logf,
+			Queries: queries, Mode: mode, Backends: backends, Dir: dir, Log: logf,
 			StartEngine: func(nodes int) (retrievalbench.Cluster, error) {
 				base += 1000
 				return retrievalbench.StartScriptCluster(script, filepath.Join(dir, fmt.Sprintf("engine-%d", nodes)), nodes, base, nil)
