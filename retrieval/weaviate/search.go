@@ -30,7 +30,7 @@ func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidat
 		return nil, err
 	}
 	q := fmt.Sprintf(`{ Get { %s(bm25: {query: %s, properties: ["terms"]}, limit: %d%s) { %s _additional { score } } } }`,
-		c.cfg.Collection, strconv.Quote(strings.Join(terms, " ")), n, cons, candidateFields)
+		c.cfg.Collection, gqlString(strings.Join(terms, " ")), n, cons, candidateFields)
 	return c.candidates(ctx, q, func(a additional) (float64, error) { return strconv.ParseFloat(a.Score, 64) })
 }
 
@@ -110,7 +110,7 @@ func (c *Client) DocFreqs(ctx context.Context, terms []string) (Stats, error) {
 	var b strings.Builder
 	b.WriteString("{ Aggregate { total: " + c.cfg.Collection + " { meta { count } nterms { sum } } ")
 	for i, t := range terms {
-		fmt.Fprintf(&b, `t%d: %s(where: {path: ["terms"], operator: Equal, valueText: %s}) { meta { count } } `, i, c.cfg.Collection, strconv.Quote(t))
+		fmt.Fprintf(&b, `t%d: %s(where: {path: ["terms"], operator: Equal, valueText: %s}) { meta { count } } `, i, c.cfg.Collection, gqlString(t))
 	}
 	b.WriteString("} }")
 	var data struct {
@@ -140,4 +140,11 @@ func (c *Client) DocFreqs(ctx context.Context, terms []string) (Stats, error) {
 		st.DocFreq[t] = count(fmt.Sprintf("t%d", i))
 	}
 	return st, nil
+}
+
+// gqlString is s as a GraphQL string literal: JSON's escapes are
+// GraphQL's (Go's %q may write \x and \a, which GraphQL lacks).
+func gqlString(s string) string {
+	b, _ := json.Marshal(s) // a string always marshals
+	return string(b)
 }

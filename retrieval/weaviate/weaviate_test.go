@@ -237,3 +237,13 @@ func TestClusterSurvivesLosingANode(t *testing.T) {
 		assert.Len(t, have, n, "node %d", i)
 	}
 }
+
+func TestGQLString(t *testing.T) {
+	for in, want := range map[string]string{
+		`plain`:          `"plain"`,
+		`say "hi"\now`:   `"say \"hi\"\\now"`,
+		"bell\a tab\t é": `"bell\u0007 tab\t é"`,
+	} {
+		assert.Equal(t, want, gqlString(in))
+	}
+}
