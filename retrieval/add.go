@@ -136,23 +136,32 @@ func (ix *Index) readFile(path string, explicit bool, rep *Report) (pendingFile,
 		rep.skip(e.Path, e.Err)
 	}
 	pf := pendingFile{path: path, rec: &fileRecord{Size: info.Size(), ModTime: info.ModTime()}}
+	pf.rec.Sources, pf.passages = chunkDocuments(ix.opts.Tokenizer, ix.opts.Chunk, docs, rep)
+	rep.Files++
+	return pf, true
+}
+
+// chunkDocuments cuts documents into passages and returns the sources it
+// chunked; a document that cannot be chunked is counted in rep and left out.
+func chunkDocuments(tok Tokenizer, chunk ChunkOptions, docs []Document, rep *Report) ([]string, []*Passage) {
+	var sources []string
+	var out []*Passage
 	for _, d := range docs {
-		spans, err := chunkText(ix.opts.Tokenizer, d.Text, ix.opts.Chunk)
+		spans, err := chunkText(tok, d.Text, chunk)
 		if err != nil {
 			rep.skip(d.Source, err)
 			continue
 		}
-		pf.rec.Sources = append(pf.rec.Sources, d.Source)
+		sources = append(sources, d.Source)
 		for _, s := range spans {
-			pf.passages = append(pf.passages, &Passage{
+			out = append(out, &Passage{
 				Source: d.Source, Start: s.Start, End: s.End, Tokens: s.Tokens,
 				Text: d.Text[s.Start:s.End], Meta: d.Meta,
 			})
 		}
 		rep.Documents++
 	}
-	rep.Files++
-	return pf, true
+	return sources, out
 }
 
 // commit embeds a group of files' passages, then swaps them in for the

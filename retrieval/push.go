@@ -24,9 +24,9 @@ func RemotePID(p Passage) uint64 {
 	return h.Sum64()
 }
 
-// RemoteSpec is what a collection filled from an index with this manifest
-// is made for.
-func RemoteSpec(man Manifest) weaviate.Spec {
+// remoteSpec is what a collection of passages chunked, tokenized and
+// embedded as man says is made for; its terms are analyzed by Terms.
+func remoteSpec(man Manifest) weaviate.Spec {
 	return weaviate.Spec{
 		Embedder: man.Embedder, Dims: man.Dims, ChunkTokens: man.ChunkTokens, Overlap: man.Overlap,
 		Tokenizer: man.Tokenizer, Analyzer: AnalyzerName,
@@ -35,9 +35,10 @@ func RemoteSpec(man Manifest) weaviate.Spec {
 
 // Push copies the index's passages, their analyzed terms and vectors into
 // a collection (created for the index's spec if absent), batch passages
-// per request. It is idempotent: passages already there are replaced.
-// Objects the engine refuses are returned; the rest are stored.
-func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviate.Layout, batch int, progress func(done, total int)) ([]weaviate.ObjectError, error) {
+// per request, reporting progress (PhaseIndex, in passages) after each.
+// It is idempotent: passages already there are replaced. Objects the
+// engine refuses are returned; the rest are stored.
+func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviate.Layout, batch int, progress func(Progress)) ([]weaviate.ObjectError, error) {
 	if batch <= 0 {
 		batch = 256
 	}
@@ -49,7 +50,7 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 	}
 	ix.mu.RUnlock()
 	slices.SortFunc(ps, func(a, b *Passage) int { return cmp.Compare(a.ID, b.ID) })
-	if err := store.EnsureCollection(ctx, RemoteSpec(man), layout); err != nil {
+	if err := store.EnsureCollection(ctx, remoteSpec(man), layout); err != nil {
 		return nil, err
 	}
 	var failed []weaviate.ObjectError
@@ -76,7 +77,7 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 			}
 			objs = objs[:0]
 			if progress != nil {
-				progress(i+1, len(ps))
+				progress(Progress{Phase: PhaseIndex, Done: i + 1, Total: len(ps)})
 			}
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
@@ -23,22 +22,15 @@ type StreamOptions struct {
 	Batch int
 	// Layout places a new collection.
 	Layout weaviate.Layout
-	// Progress, if set, is called after each batch.
-	Progress func(StreamProgress)
+	// Progress, if set, is called after each file (PhaseIndex, in files).
+	Progress func(Progress)
 }
 
-// StreamProgress is how far a Stream run is.
-type StreamProgress struct {
-	Files, FilesTotal int
-	// Stored counts passages written, Present those found already there
-	// (a resumed run skips them without embedding them again).
-	Stored, Present int
-	Elapsed         time.Duration
-}
-
-// StreamReport is what a Stream run did.
+// StreamReport is what a Stream run did: Passages counts those written.
 type StreamReport struct {
 	Report
+	// Present counts passages found already stored (a resumed run skips
+	// them without embedding them again).
 	Present int
 	// Failed are the passages the engine refused; the rest are stored.
 	Failed []weaviate.ObjectError
@@ -61,22 +53,21 @@ func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths 
 	if o.Batch <= 0 {
 		o.Batch = 128
 	}
-	spec := weaviate.Spec{ChunkTokens: o.Chunk.Tokens, Overlap: o.Chunk.Overlap, Tokenizer: tokenizerID(o.Tokenizer), Analyzer: AnalyzerName}
+	man := Manifest{ChunkTokens: o.Chunk.Tokens, Overlap: o.Chunk.Overlap, Tokenizer: tokenizerID(o.Tokenizer)}
 	if o.Embedder != nil {
 		vs, err := o.Embedder.Embed(ctx, []string{"dimension probe"})
 		if err != nil {
 			return rep, fmt.Errorf("embedder: %w", err)
 		}
-		spec.Embedder, spec.Dims = embedderID(o.Embedder), len(vs[0])
+		man.Embedder, man.Dims = embedderID(o.Embedder), len(vs[0])
 	}
-	if err := store.EnsureCollection(ctx, spec, o.Layout); err != nil {
+	if err := store.EnsureCollection(ctx, remoteSpec(man), o.Layout); err != nil {
 		return rep, err
 	}
 	files, werrs := walk(paths, nil)
 	for _, e := range werrs {
 		rep.skip(e.Path, e.Err)
 	}
-	start := time.Now()
 	var batch []*Passage
 	flush := func() error {
 		if len(batch) == 0 {
@@ -149,7 +140,7 @@ func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths 
 			}
 		}
 		if o.Progress != nil {
-			o.Progress(StreamProgress{Files: i + 1, FilesTotal: len(files), Stored: rep.Passages, Present: rep.Present, Elapsed: time.Since(start)})
+			o.Progress(Progress{Phase: PhaseIndex, Done: i + 1, Total: len(files), Item: path})
 		}
 	}
 	return rep, nil
@@ -169,17 +160,6 @@ func readStreamFile(path string, o StreamOptions, rep *StreamReport) ([]*Passage
 	for _, e := range derrs {
 		rep.skip(e.Path, e.Err)
 	}
-	var out []*Passage
-	for _, d := range docs {
-		spans, err := chunkText(o.Tokenizer, d.Text, o.Chunk)
-		if err != nil {
-			rep.skip(d.Source, err)
-			continue
-		}
-		for _, s := range spans {
-			out = append(out, &Passage{Source: d.Source, Start: s.Start, End: s.End, Tokens: s.Tokens, Text: d.Text[s.Start:s.End], Meta: d.Meta})
-		}
-		rep.Documents++
-	}
-	return out, true
+	_, ps := chunkDocuments(o.Tokenizer, o.Chunk, docs, &rep.Report)
+	return ps, true
 }

@@ -97,9 +97,18 @@ func (m *TextModel) Write(w io.Writer, words int, rng *rand.Rand) error {
 // SynthHeader opens every synthetic file, so nobody mistakes it for text.
 const SynthHeader = "SYNTHETIC TEXT (dragon index synth): words drawn from a real corpus's frequencies, for latency and recall at scale only."
 
+// SynthWords is how many words of synthetic text make about passages
+// passages of chunkTokens tokens, at tokensPerWord (TokensPerWord).
+func SynthWords(passages, chunkTokens int, tokensPerWord float64) int {
+	return int(float64(passages) * float64(chunkTokens) / tokensPerWord)
+}
+
 // WriteSynthCorpus writes files of synthetic text into dir: about words
-// words in all, perFile words a file, named synth-NNNNNN.txt.
+// words in all, perFile words a file (0: 50,000), named synth-NNNNNN.txt.
 func WriteSynthCorpus(dir string, m *TextModel, words, perFile int, seed uint64) (files int, err error) {
+	if perFile <= 0 {
+		perFile = 50_000
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return 0, err
 	}

@@ -215,7 +215,7 @@ func benchScale(ctx context.Context, m engine.Model, real, queries []string, siz
 	for _, n := range sizes {
 		dir := filepath.Join(scratch, fmt.Sprintf("scale-%d", n))
 		corpus := filepath.Join(dir, "corpus")
-		if _, err := retrievalbench.WriteSynthCorpus(corpus, model, int(float64(n)*retrieval.DefaultChunkTokens/perWord), 50_000, uint64(n)); err != nil {
+		if _, err := retrievalbench.WriteSynthCorpus(corpus, model, retrievalbench.SynthWords(n, retrieval.DefaultChunkTokens, perWord), 0, uint64(n)); err != nil {
 			return out, err
 		}
 		logf("scale: synthetic corpus of about %d passages", n)

@@ -285,6 +285,17 @@ func printReport(out, errOut io.Writer, rep retrieval.Report, took time.Duration
 	}
 }
 
+// printNotStored lists the passages an engine refused, up to max.
+func printNotStored(w io.Writer, failed []weaviate.ObjectError, max int) {
+	for i, f := range failed {
+		if i == max {
+			fmt.Fprintf(w, "  ... and %d more not stored\n", len(failed)-i)
+			return
+		}
+		fmt.Fprintf(w, "  not stored: %v\n", f)
+	}
+}
+
 func printStats(out io.Writer, s retrieval.Stats, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(out)
@@ -433,15 +444,6 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	opts := retrieval.StreamOptions{
 		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
 		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas},
-		Progress: func(p retrieval.StreamProgress) {
-			if fl.quiet {
-				return
-			}
-			rate := float64(p.Files) / p.Elapsed.Seconds()
-			eta := time.Duration(float64(p.FilesTotal-p.Files) / rate * float64(time.Second))
-			fmt.Fprintf(os.Stderr, "\r%d/%d files, %d passages stored (%.0f/s), %d already there, ETA %v   ",
-				p.Files, p.FilesTotal, p.Stored, float64(p.Stored)/p.Elapsed.Seconds(), p.Present, eta.Round(time.Second))
-		},
 	}
 	if spec, err := store.Spec(ctx); err == nil {
 		// An existing collection is filled as it was made.
@@ -464,19 +466,13 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 		defer closeEmb()
 		opts.Embedder = emb
 	}
+	bar := newProgressBar(os.Stderr, fl.quiet)
+	opts.Progress = bar.update
 	start := time.Now()
 	rep, err := retrieval.Stream(ctx, store, opts, paths...)
-	if !fl.quiet {
-		fmt.Fprintln(os.Stderr)
-	}
+	bar.done()
 	printReport(out, os.Stderr, rep.Report, time.Since(start), fl.maxErrors)
-	for i, f := range rep.Failed {
-		if i == fl.maxErrors {
-			fmt.Fprintf(os.Stderr, "  ... and %d more not stored\n", len(rep.Failed)-i)
-			break
-		}
-		fmt.Fprintf(os.Stderr, "  not stored: %v\n", f)
-	}
+	printNotStored(os.Stderr, rep.Failed, fl.maxErrors)
 	if err != nil {
 		return fmt.Errorf("%w (run the same command again to resume)", err)
 	}

@@ -40,26 +40,10 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 			}
 			defer ix.Close()
 			start := time.Now()
-			progress := func(done, total int) {
-				if fl.quiet {
-					return
-				}
-				el := time.Since(start).Seconds()
-				rate := float64(done) / el
-				eta := time.Duration(float64(total-done)/rate) * time.Second
-				fmt.Fprintf(os.Stderr, "\rpushed %d/%d passages, %.0f/s, ETA %v   ", done, total, rate, eta.Round(time.Second))
-			}
-			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas}, batch, progress)
-			if !fl.quiet {
-				fmt.Fprintln(os.Stderr)
-			}
-			for i, f := range failed {
-				if i == fl.maxErrors {
-					fmt.Fprintf(os.Stderr, "  ... and %d more\n", len(failed)-i)
-					break
-				}
-				fmt.Fprintf(os.Stderr, "  not stored: %v\n", f)
-			}
+			bar := newProgressBar(os.Stderr, fl.quiet)
+			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas}, batch, bar.update)
+			bar.done()
+			printNotStored(os.Stderr, failed, fl.maxErrors)
 			if err != nil {
 				return err
 			}

@@ -69,8 +69,8 @@ No quality figure may come from it.`,
 			if err != nil {
 				return err
 			}
-			words := int(float64(passages) * float64(fl.chunkTokens) / perWord)
-			files, err := retrievalbench.WriteSynthCorpus(out, model, words, 50_000, seed)
+			words := retrievalbench.SynthWords(passages, fl.chunkTokens, perWord)
+			files, err := retrievalbench.WriteSynthCorpus(out, model, words, 0, seed)
 			if err != nil {
 				return err
 			}

@@ -10,8 +10,8 @@ import (
 	"testing"
 )
 
-// root is the repository root, from this file's location.
-func root() string {
+// Root is the repository root, from this file's location.
+func Root() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
@@ -22,7 +22,7 @@ func Path(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("DRAGON_MODEL")
 	if p == "" {
-		p = filepath.Join(root(), "models", "SmolLM2-135M-Instruct.Q8_0.gguf")
+		p = filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q8_0.gguf")
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
@@ -37,7 +37,7 @@ func EmbedPath(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("DRAGON_EMBED_MODEL")
 	if p == "" {
-		p = filepath.Join(root(), "models", "all-MiniLM-L6-v2.Q8_0.gguf")
+		p = filepath.Join(Root(), "models", "all-MiniLM-L6-v2.Q8_0.gguf")
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("embedding model not found at %s: run `make embed-model` (%v)", p, err)
@@ -48,7 +48,7 @@ func EmbedPath(t testing.TB) string {
 // EmbedF16Path is the embedding model as converted, before quantization.
 func EmbedF16Path(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(root(), "models", "all-MiniLM-L6-v2.F16.gguf")
+	p := filepath.Join(Root(), "models", "all-MiniLM-L6-v2.F16.gguf")
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("converted embedding model not found at %s: run `make embed-model` (%v)", p, err)
 	}
@@ -60,7 +60,7 @@ func EmbedF16Path(t testing.TB) string {
 // vectors computed without llama.cpp.
 func EmbedCheckpoint(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(root(), "models", "all-MiniLM-L6-v2")
+	p := filepath.Join(Root(), "models", "all-MiniLM-L6-v2")
 	if _, err := os.Stat(filepath.Join(p, "model.safetensors")); err != nil {
 		t.Fatalf("checkpoint not found at %s: run `make embed-model` (%v)", p, err)
 	}
@@ -70,7 +70,7 @@ func EmbedCheckpoint(t testing.TB) string {
 // CorpusDir is data/corpus of the repository (`make corpus`).
 func CorpusDir(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(root(), "data", "corpus")
+	p := filepath.Join(Root(), "data", "corpus")
 	for _, c := range []string{"sotu", "mail"} {
 		if _, err := os.Stat(filepath.Join(p, c)); err != nil {
 			t.Fatalf("corpus %s not found under %s: run `make corpus` (%v)", c, p, err)
@@ -82,7 +82,7 @@ func CorpusDir(t testing.TB) string {
 // IndexDir is data/index/<side> of the repository (`make index`).
 func IndexDir(t testing.TB, side string) string {
 	t.Helper()
-	p := filepath.Join(root(), "data", "index", side)
+	p := filepath.Join(Root(), "data", "index", side)
 	if _, err := os.Stat(filepath.Join(p, "manifest.json")); err != nil {
 		t.Fatalf("index %s not found: run `make index` (%v)", p, err)
 	}

@@ -12,17 +12,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-)
 
-func root() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
+	"github.com/dragon-rag/dragon/internal/testmodel"
+)
 
 var buildOnce sync.Once
 
@@ -31,7 +27,7 @@ func Binary(t testing.TB) string {
 	t.Helper()
 	bin := os.Getenv("WEAVIATE_BIN")
 	if bin == "" {
-		bin = filepath.Join(root(), "build", "weaviate", "weaviate-server")
+		bin = filepath.Join(testmodel.Root(), "build", "weaviate", "weaviate-server")
 	}
 	if _, err := os.Stat(bin); err == nil {
 		return bin
@@ -43,7 +39,7 @@ func Binary(t testing.TB) string {
 	buildOnce.Do(func() {
 		t.Logf("building Weaviate into %s (make weaviate, a few minutes)", filepath.Dir(bin))
 		cmd := exec.Command("make", "--no-print-directory", "weaviate")
-		cmd.Dir = root()
+		cmd.Dir = testmodel.Root()
 		var out []byte
 		if out, err = cmd.CombinedOutput(); err != nil {
 			err = fmt.Errorf("make weaviate: %w\n%s", err, out)
@@ -105,7 +101,7 @@ func (c *Cluster) portsFree() bool {
 }
 
 func (c *Cluster) script(args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(root(), "deploy", "weaviate", "cluster.sh"), append([]string{args[0], c.dir}, args[1:]...)...)
+	cmd := exec.Command(filepath.Join(testmodel.Root(), "deploy", "weaviate", "cluster.sh"), append([]string{args[0], c.dir}, args[1:]...)...)
 	cmd.Env = append(os.Environ(), append([]string{"WEAVIATE_BIN=" + c.bin}, c.env...)...)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err

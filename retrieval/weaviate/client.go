@@ -137,9 +137,6 @@ func New(cfg Config) (*Client, error) {
 	return &Client{cfg: cfg, http: &http.Client{Transport: tr, Timeout: cfg.Timeout}}, nil
 }
 
-// Collection is the collection's name.
-func (c *Client) Collection() string { return c.cfg.Collection }
-
 // String names the collection for messages (no key).
 func (c *Client) String() string { return c.cfg.URL + "/" + c.cfg.Collection }
 

@@ -85,7 +85,6 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 			prop("nterms", "int", "", true, false),
 		},
 	}
-	c.forgetLayout()
 	if err := c.do(ctx, http.MethodPost, "/v1/schema", class, nil); err != nil {
 		if strings.Contains(err.Error(), "already exists") {
 			return c.EnsureCollection(ctx, spec, layout) // created meanwhile
@@ -126,19 +125,6 @@ func (c *Client) Spec(ctx context.Context) (Spec, error) {
 		return Spec{}, fmt.Errorf("%w: collection %s: bad spec: %v", ErrInvalid, c.cfg.Collection, err)
 	}
 	return s, nil
-}
-
-// DropCollection deletes the collection and everything in it.
-func (c *Client) DropCollection(ctx context.Context) error {
-	c.forgetLayout()
-	return c.do(ctx, http.MethodDelete, "/v1/schema/"+c.cfg.Collection, nil, nil)
-}
-
-// forgetLayout drops what the client knows of the collection's replication.
-func (c *Client) forgetLayout() {
-	c.mu.Lock()
-	c.consistency = nil
-	c.mu.Unlock()
 }
 
 // ObjectID is the object id of a passage: a name-based UUID (version 5

@@ -157,11 +157,6 @@ func (c *Client) Count(ctx context.Context) (int, error) {
 	return rows[0].Meta.Count, nil
 }
 
-// DeleteSource removes every passage of source and returns how many.
-func (c *Client) DeleteSource(ctx context.Context, source string) (int, error) {
-	return c.deleteWhere(ctx, map[string]any{"path": []string{"source"}, "operator": "Equal", "valueText": source})
-}
-
 // DeleteUnder removes the passages of source and of every source under it
 // (source#N: an mbox's messages; source/...: a folder's files).
 func (c *Client) DeleteUnder(ctx context.Context, source string) (int, error) {

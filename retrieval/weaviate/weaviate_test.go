@@ -84,7 +84,7 @@ func TestCollectionRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Stats{Passages: 4, Terms: 9, DocFreq: map[string]int{"volcano": 2, "honei": 1, "absent": 0}}, st)
 
-	deleted, err := c.DeleteSource(ctx, "a.txt")
+	deleted, err := c.DeleteUnder(ctx, "a.txt")
 	require.NoError(t, err)
 	assert.Equal(t, 2, deleted)
 	n, err = c.Count(ctx)
