@@ -201,6 +201,9 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	defer s.cfg.Metrics.Begin()()
 	passages, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesCloud)
 	if err != nil {
+		// A retrieval backend's outage shows here first: say so, not only
+		// to the device.
+		log.Warn("retrieval failed: refusing the session", "err", err)
 		return s.refuse(stream, id, status.Errorf(codes.Internal, "cloud retrieval: %v", err))
 	}
 	dec.SetSystem(req.System)
