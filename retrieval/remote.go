@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
@@ -75,59 +76,71 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 		pool = max(4*k, hybridPool)
 	}
 
-	// The two rankers' requests go out at once.
+	// Every request goes out at once: the corpus statistics, the engine's
+	// BM25 candidates and the nearest vectors.
+	terms := Terms(query)
+	unique := slices.Compact(slices.Sorted(slices.Values(terms)))
 	var (
-		lex, sem           []scored
-		upper              float64
-		lexCands, semCands []weaviate.Candidate
-		lexErr, semErr     error
+		st                    weaviate.Stats
+		lexCands, semCands    []weaviate.Candidate
+		stErr, lexErr, semErr error
+		wg                    sync.WaitGroup
 	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if mode != ModeDense {
-			lex, upper, lexCands, lexErr = r.lexical(ctx, query, pool)
-		}
-	}()
+	if mode != ModeDense && len(unique) > 0 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			st, stErr = r.store.DocFreqs(ctx, unique)
+		}()
+		go func() {
+			defer wg.Done()
+			lexCands, lexErr = r.store.Lexical(ctx, unique, lexicalCandidates*pool)
+		}()
+	}
 	if mode != ModeBM25 {
 		semCands, semErr = r.nearest(ctx, query, pool)
 	}
-	<-done
-	if err := cmp.Or(lexErr, semErr); err != nil {
+	wg.Wait()
+	if err := cmp.Or(stErr, lexErr, semErr); err != nil {
 		return nil, fmt.Errorf("search %s: %w", r.store, err)
 	}
-	found := make(map[uint64]weaviate.Candidate, len(lexCands)+len(semCands))
-	for _, c := range lexCands {
-		found[c.PID] = c
+	var (
+		lex   []scored
+		upper float64
+	)
+	if len(unique) > 0 {
+		lex, upper = rankLexical(terms, st, lexCands, pool)
 	}
-	for _, c := range semCands {
-		found[c.PID] = c
-		sem = append(sem, scored{c.PID, c.Score})
+	sem := make([]scored, len(semCands))
+	for i, c := range semCands {
+		sem[i] = scored{c.PID, c.Score}
 	}
 	hits := best(fuse(mode, lex, upper, sem, pool), k)
-	for i := range hits {
-		c := found[hits[i].Passage.ID]
-		hits[i].Passage = Passage{ID: c.PID, Source: c.Source, Start: c.Start, End: c.End, Tokens: c.Tokens, Text: c.Text, Meta: c.Meta}
+
+	// Only the passages kept travel whole.
+	ids := make([]uint64, len(hits))
+	for i, h := range hits {
+		ids[i] = h.Passage.ID
 	}
-	return hits, nil
+	objs, err := r.store.Fetch(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("search %s: %w", r.store, err)
+	}
+	out := hits[:0]
+	for _, h := range hits {
+		o, ok := objs[h.Passage.ID]
+		if !ok {
+			continue // deleted since the search
+		}
+		h.Passage = Passage{ID: o.PID, Source: o.Source, Start: o.Start, End: o.End, Tokens: o.Tokens, Text: o.Text, Meta: o.Meta}
+		out = append(out, h)
+	}
+	return out, nil
 }
 
-// lexical ranks the engine's BM25 candidates with LexicalScorer and keeps
-// the pool best, with the query's upper bound.
-func (r *RemoteIndex) lexical(ctx context.Context, query string, pool int) ([]scored, float64, []weaviate.Candidate, error) {
-	terms := Terms(query)
-	if len(terms) == 0 {
-		return nil, 0, nil, nil
-	}
-	unique := slices.Compact(slices.Sorted(slices.Values(terms)))
-	st, err := r.store.DocFreqs(ctx, unique)
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	cands, err := r.store.Lexical(ctx, unique, lexicalCandidates*pool)
-	if err != nil {
-		return nil, 0, nil, err
-	}
+// rankLexical ranks the engine's BM25 candidates with LexicalScorer and
+// keeps the pool best, with the query's upper bound.
+func rankLexical(terms []string, st weaviate.Stats, cands []weaviate.Candidate, pool int) ([]scored, float64) {
 	sc := NewLexicalScorer(terms, st.DocFreq, st.Passages, st.Terms)
 	out := make([]scored, 0, len(cands))
 	for _, c := range cands {
@@ -141,7 +154,7 @@ func (r *RemoteIndex) lexical(ctx context.Context, query string, pool int) ([]sc
 		}
 		return cmp.Compare(a.id, b.id)
 	})
-	return out[:min(pool, len(out))], sc.Upper(), cands, nil
+	return out[:min(pool, len(out))], sc.Upper()
 }
 
 // nearest embeds the query and asks the engine for its nearest vectors.

@@ -109,16 +109,12 @@ func (c *Client) Existing(ctx context.Context, pids []uint64) (map[uint64]bool, 
 	if len(pids) == 0 {
 		return out, nil
 	}
-	ids := make([]string, len(pids))
-	for i, p := range pids {
-		ids[i] = strconv.Quote(strconv.FormatUint(p, 16))
-	}
 	cons, err := c.readConsistency(ctx)
 	if err != nil {
 		return nil, err
 	}
 	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { pid } } }`,
-		c.cfg.Collection, strings.Join(ids, ","), len(pids), cons)
+		c.cfg.Collection, pidList(pids), len(pids), cons)
 	var data struct {
 		Get map[string][]struct {
 			PID string `json:"pid"`

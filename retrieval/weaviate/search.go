@@ -16,11 +16,10 @@ type Candidate struct {
 	Score float64
 }
 
-// The fields a search fetches.
-const candidateFields = `pid source start end tokens text meta terms`
-
 // Lexical returns up to n passages by the engine's BM25 over the terms
-// field, best first, with their terms (the caller scores them itself).
+// field, best first. A candidate carries its passage id and analyzed terms
+// only (the caller scores them itself and Fetches the few it keeps): the
+// text of hundreds of candidates was most of a query's cost.
 func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidate, error) {
 	if len(terms) == 0 || n <= 0 {
 		return nil, nil
@@ -29,12 +28,13 @@ func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidat
 	if err != nil {
 		return nil, err
 	}
-	q := fmt.Sprintf(`{ Get { %s(bm25: {query: %s, properties: ["terms"]}, limit: %d%s) { %s _additional { score } } } }`,
-		c.cfg.Collection, gqlString(strings.Join(terms, " ")), n, cons, candidateFields)
+	q := fmt.Sprintf(`{ Get { %s(bm25: {query: %s, properties: ["terms"]}, limit: %d%s) { pid terms _additional { score } } } }`,
+		c.cfg.Collection, gqlString(strings.Join(terms, " ")), n, cons)
 	return c.candidates(ctx, q, func(a additional) (float64, error) { return strconv.ParseFloat(a.Score, 64) })
 }
 
-// Nearest returns up to n passages by cosine similarity to v, best first.
+// Nearest returns up to n passages by cosine similarity to v, best first,
+// as passage ids and scores (Fetch gets the rest).
 func (c *Client) Nearest(ctx context.Context, v []float32, n int) ([]Candidate, error) {
 	if len(v) == 0 || n <= 0 {
 		return nil, nil
@@ -47,8 +47,8 @@ func (c *Client) Nearest(ctx context.Context, v []float32, n int) ([]Candidate, 
 	if err != nil {
 		return nil, err
 	}
-	q := fmt.Sprintf(`{ Get { %s(nearVector: {vector: %s}, limit: %d%s) { %s _additional { distance } } } }`,
-		c.cfg.Collection, vec, n, cons, candidateFields)
+	q := fmt.Sprintf(`{ Get { %s(nearVector: {vector: %s}, limit: %d%s) { pid _additional { distance } } } }`,
+		c.cfg.Collection, vec, n, cons)
 	return c.candidates(ctx, q, func(a additional) (float64, error) { return 1 - a.Distance, nil })
 }
 
@@ -60,14 +60,7 @@ type additional struct {
 func (c *Client) candidates(ctx context.Context, q string, score func(additional) (float64, error)) ([]Candidate, error) {
 	var data struct {
 		Get map[string][]struct {
-			PID        string     `json:"pid"`
-			Source     string     `json:"source"`
-			Start      int        `json:"start"`
-			End        int        `json:"end"`
-			Tokens     int        `json:"tokens"`
-			Text       string     `json:"text"`
-			Meta       string     `json:"meta"`
-			Terms      string     `json:"terms"`
+			wireProps
 			Additional additional `json:"_additional"`
 		}
 	}
@@ -77,23 +70,82 @@ func (c *Client) candidates(ctx context.Context, q string, score func(additional
 	rows := data.Get[c.cfg.Collection]
 	out := make([]Candidate, 0, len(rows))
 	for _, r := range rows {
-		pid, err := strconv.ParseUint(r.PID, 16, 64)
+		o, err := r.object(c.cfg.Collection)
 		if err != nil {
-			return nil, fmt.Errorf("weaviate: bad pid %q in %s", r.PID, c.cfg.Collection)
+			return nil, err
 		}
 		s, err := score(r.Additional)
 		if err != nil {
 			return nil, fmt.Errorf("weaviate: bad score for %s: %w", r.PID, err)
 		}
-		cand := Candidate{Object: Object{PID: pid, Source: r.Source, Start: r.Start, End: r.End, Tokens: r.Tokens, Text: r.Text, Terms: strings.Fields(r.Terms)}, Score: s}
-		if r.Meta != "" {
-			if err := json.Unmarshal([]byte(r.Meta), &cand.Meta); err != nil {
-				return nil, fmt.Errorf("weaviate: bad meta for %s: %w", r.PID, err)
-			}
-		}
-		out = append(out, cand)
+		out = append(out, Candidate{Object: o, Score: s})
 	}
 	return out, nil
+}
+
+// Fetch returns the stored passages among pids (without vectors), by
+// passage id, in one request.
+func (c *Client) Fetch(ctx context.Context, pids []uint64) (map[uint64]Object, error) {
+	out := make(map[uint64]Object, len(pids))
+	if len(pids) == 0 {
+		return out, nil
+	}
+	cons, err := c.readConsistency(ctx)
+	if err != nil {
+		return nil, err
+	}
+	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { pid source start end tokens text meta terms } } }`,
+		c.cfg.Collection, pidList(pids), len(pids), cons)
+	var data struct {
+		Get map[string][]wireProps
+	}
+	if err := c.graphQL(ctx, q, &data); err != nil {
+		return nil, err
+	}
+	for _, r := range data.Get[c.cfg.Collection] {
+		o, err := r.object(c.cfg.Collection)
+		if err != nil {
+			return nil, err
+		}
+		out[o.PID] = o
+	}
+	return out, nil
+}
+
+// wireProps are a passage's properties as a query returns them (those not
+// asked for stay empty).
+type wireProps struct {
+	PID    string `json:"pid"`
+	Source string `json:"source"`
+	Start  int    `json:"start"`
+	End    int    `json:"end"`
+	Tokens int    `json:"tokens"`
+	Text   string `json:"text"`
+	Meta   string `json:"meta"`
+	Terms  string `json:"terms"`
+}
+
+func (r wireProps) object(collection string) (Object, error) {
+	pid, err := strconv.ParseUint(r.PID, 16, 64)
+	if err != nil {
+		return Object{}, fmt.Errorf("weaviate: bad pid %q in %s", r.PID, collection)
+	}
+	o := Object{PID: pid, Source: r.Source, Start: r.Start, End: r.End, Tokens: r.Tokens, Text: r.Text, Terms: strings.Fields(r.Terms)}
+	if r.Meta != "" {
+		if err := json.Unmarshal([]byte(r.Meta), &o.Meta); err != nil {
+			return Object{}, fmt.Errorf("weaviate: bad meta for %s: %w", r.PID, err)
+		}
+	}
+	return o, nil
+}
+
+// pidList is pids as a GraphQL list of the pid property's strings.
+func pidList(pids []uint64) string {
+	ids := make([]string, len(pids))
+	for i, p := range pids {
+		ids[i] = strconv.Quote(strconv.FormatUint(p, 16))
+	}
+	return strings.Join(ids, ",")
 }
 
 // Stats are the corpus statistics BM25 needs for a query.

@@ -71,8 +71,14 @@ func TestCollectionRoundTrip(t *testing.T) {
 	require.Len(t, lex, 2)
 	assert.Equal(t, uint64(1), lex[0].PID, "matches both terms")
 	assert.Equal(t, []string{"etna", "volcano"}, lex[0].Terms)
-	assert.Equal(t, map[string]string{"from": "x"}, lex[0].Meta)
-	assert.Equal(t, "Etna is a volcano", lex[0].Text)
+	assert.Empty(t, lex[0].Text, "candidates carry ids and terms only")
+
+	got, err := c.Fetch(ctx, []uint64{1, 99})
+	require.NoError(t, err)
+	require.Len(t, got, 1, "an unknown passage is absent, not an error")
+	assert.Equal(t, map[string]string{"from": "x"}, got[1].Meta)
+	assert.Equal(t, "Etna is a volcano", got[1].Text)
+	assert.Equal(t, []string{"etna", "volcano"}, got[1].Terms)
 
 	near, err := c.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
 	require.NoError(t, err)
