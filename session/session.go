@@ -387,6 +387,14 @@ func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burs
 			}
 			return err
 		case err := <-r.senderErr:
+			if errors.Is(err, io.EOF) {
+				// gRPC tells why a stream ended on its receive side only:
+				// a send answered io.EOF means the peer ended it, and the
+				// receive that follows carries its status.
+				if rerr := awaitReceiveError(ctx, inbox); rerr != nil {
+					return peerFailure{fmt.Errorf("session: receive: %w", rerr)}
+				}
+			}
 			return peerFailure{fmt.Errorf("session: send: %w", err)}
 		case b := <-bursts:
 			for _, d := range b.drafts {
@@ -473,6 +481,29 @@ func (r *run) continueAlone(ctx context.Context, cause error) error {
 		}
 	}
 	return nil
+}
+
+// endedStatusWait bounds the wait for the receive error that says why the
+// peer ended a stream.
+const endedStatusWait = 2 * time.Second
+
+// awaitReceiveError drops messages until the receiver reports its error,
+// which it returns (nil if none comes within endedStatusWait).
+func awaitReceiveError(ctx context.Context, inbox <-chan inbound) error {
+	timeout := time.NewTimer(endedStatusWait)
+	defer timeout.Stop()
+	for {
+		select {
+		case in := <-inbox:
+			if in.err != nil {
+				return in.err
+			}
+		case <-timeout.C:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
 }
 
 // send is the only goroutine that calls conn.Send.

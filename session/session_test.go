@@ -7,12 +7,15 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
@@ -462,4 +465,67 @@ func TestDeviceFinishesAloneWhenTheCloudFails(t *testing.T) {
 		assert.Len(t, dev.Tokens, 40, "the answer is finished")
 		assert.Equal(t, FinishMaxTokens, dev.Finish)
 	}
+}
+
+// endingConn is the device's end of a stream the cloud ends with a status
+// at some step: sends answer io.EOF at once, as gRPC's do, and the status
+// reaches the receive side a little later.
+type endingConn struct {
+	*PipeEnd
+	peer  *PipeEnd
+	ended atomic.Bool
+}
+
+func (c *endingConn) Send(m *dragonv1.PeerMessage) error {
+	if c.ended.Load() {
+		return io.EOF
+	}
+	return c.PipeEnd.Send(m)
+}
+
+func (c *endingConn) Recv() (*dragonv1.PeerMessage, error) {
+	m, err := c.PipeEnd.Recv()
+	if err != nil && c.ended.Load() {
+		time.Sleep(50 * time.Millisecond) // the send's io.EOF comes first
+		return nil, status.Error(codes.Unavailable, "cloud: retrieval failed")
+	}
+	return m, err
+}
+
+func (c *endingConn) end() {
+	c.ended.Store(true)
+	c.peer.Close()
+}
+
+// TestFallbackSaysWhyTheCloudEndedTheStream: when a send learns first that
+// the cloud ended the stream, the device still reports the cloud's status,
+// not the send's bare io.EOF.
+func TestFallbackSaysWhyTheCloudEndedTheStream(t *testing.T) {
+	a, b := Pipe()
+	devConn := &endingConn{PipeEnd: a, peer: b}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
+		_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, b, nil)
+	}()
+	var why error
+	opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
+		Fallback: true, StallTimeout: 10 * time.Second, OnFallback: func(_ int, err error) { why = err }}
+	dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, devConn, func(step int, _ engine.Token) (bool, error) {
+		if step == 7 {
+			devConn.end()
+		}
+		return false, nil
+	})
+	require.NoError(t, err)
+	cancel()
+	wg.Wait()
+	assert.True(t, dev.Fallback)
+	require.Error(t, why)
+	assert.Equal(t, codes.Unavailable, status.Code(why), "the fallback reason: %v", why)
+	assert.Contains(t, why.Error(), "retrieval failed")
 }
