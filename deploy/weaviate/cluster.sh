@@ -11,7 +11,9 @@
 # (gRPC), BASE+200+2I and +1 (gossip, data), BASE+300+2I and +1 (Raft),
 # BASE+400+I (Go's profiler).
 # The binary is $WEAVIATE_BIN, else build/weaviate/weaviate-server (make
-# weaviate). With $WEAVIATE_API_KEY set the nodes require that key.
+# weaviate). With $WEAVIATE_API_KEY set the nodes require that key. With
+# $WATCH_PID set each node is stopped once that process is gone (a test
+# binary killed by its timeout leaves no node behind).
 # BM25: Weaviate 1.35's BlockMax WAND returned a wrong top k here, so it
 # runs with the exhaustive searcher (USE_BLOCKMAX_WAND=false).
 set -euo pipefail
@@ -59,7 +61,16 @@ start_node() { # start_node DIR I
     RAFT_JOIN="$raft_join" RAFT_BOOTSTRAP_EXPECT="$n" \
     "$bin" --scheme http --host 127.0.0.1 --port "$(port "$dir" "$i" http)" \
     >>"$dir/node-$i.log" 2>&1 &
-  echo $! >"$dir/node-$i.pid"
+  local pid=$!
+  echo "$pid" >"$dir/node-$i.pid"
+  if [ -n "${WATCH_PID:-}" ]; then
+    (
+      while kill -0 "$WATCH_PID" 2>/dev/null && kill -0 "$pid" 2>/dev/null; do sleep 1; done
+      kill -TERM "$pid" 2>/dev/null || exit 0
+      sleep 10
+      kill -KILL "$pid" 2>/dev/null || true
+    ) >/dev/null 2>&1 </dev/null &
+  fi
 }
 
 wait_port() { # wait_port DIR I KIND SECONDS

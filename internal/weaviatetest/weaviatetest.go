@@ -102,7 +102,9 @@ func (c *Cluster) portsFree() bool {
 
 func (c *Cluster) script(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(testmodel.Root(), "deploy", "weaviate", "cluster.sh"), append([]string{args[0], c.dir}, args[1:]...)...)
-	cmd.Env = append(os.Environ(), append([]string{"WEAVIATE_BIN=" + c.bin}, c.env...)...)
+	// WATCH_PID: nodes outlive no test binary, even one killed by its
+	// timeout before its cleanups ran.
+	cmd.Env = append(os.Environ(), append([]string{"WEAVIATE_BIN=" + c.bin, "WATCH_PID=" + strconv.Itoa(os.Getpid())}, c.env...)...)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
