@@ -12,8 +12,9 @@ import (
 )
 
 // RemotePID is a passage's id in a remote collection: a hash of its
-// source and span, so that writing the same passage again, from this
-// index or a rebuilt one, replaces it instead of adding a copy.
+// source, span and text, so that writing the same passage again, from this
+// index or a rebuilt one, replaces it instead of adding a copy, and a
+// changed file's passages are new ones (DeleteStale then drops the old).
 func RemotePID(p Passage) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(p.Source))
@@ -21,6 +22,8 @@ func RemotePID(p Passage) uint64 {
 	h.Write(strconv.AppendInt(nil, int64(p.Start), 10))
 	h.Write([]byte{0})
 	h.Write(strconv.AppendInt(nil, int64(p.End), 10))
+	h.Write([]byte{0})
+	h.Write([]byte(p.Text))
 	return h.Sum64()
 }
 
@@ -36,8 +39,9 @@ func remoteSpec(man Manifest) weaviate.Spec {
 // Push copies the index's passages, their analyzed terms and vectors into
 // a collection (created for the index's spec if absent), batch passages
 // per request, reporting progress (PhaseIndex, in passages) after each.
-// It is idempotent: passages already there are replaced. Objects the
-// engine refuses are returned; the rest are stored.
+// It is idempotent: passages already there are replaced, and what earlier
+// versions of the index's files left there is removed. Objects the engine
+// refuses are returned; the rest are stored.
 func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviate.Layout, batch int, progress func(Progress)) ([]weaviate.ObjectError, error) {
 	if batch <= 0 {
 		batch = 256
@@ -47,6 +51,10 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 	ps := make([]*Passage, 0, len(ix.passages))
 	for _, p := range ix.passages {
 		ps = append(ps, p)
+	}
+	files := make(map[string]*fileRecord, len(ix.files))
+	for path, f := range ix.files {
+		files[path] = f
 	}
 	ix.mu.RUnlock()
 	slices.SortFunc(ps, func(a, b *Passage) int { return cmp.Compare(a.ID, b.ID) })
@@ -79,6 +87,23 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 			if progress != nil {
 				progress(Progress{Phase: PhaseIndex, Done: i + 1, Total: len(ps)})
 			}
+		}
+	}
+	// Only once every current passage is stored: a push cut short never
+	// leaves a file with fewer passages than before.
+	bySource := map[string][]uint64{}
+	for _, p := range ps {
+		bySource[p.Source] = append(bySource[p.Source], RemotePID(*p))
+	}
+	for path, f := range files {
+		var keep []uint64
+		messages := false
+		for _, src := range f.Sources {
+			keep = append(keep, bySource[src]...)
+			messages = messages || src != path
+		}
+		if _, err := store.DeleteStale(ctx, path, messages, keep); err != nil {
+			return failed, fmt.Errorf("push %s to %s: drop what %s held before: %w", ix.dir, store, path, err)
 		}
 	}
 	return failed, nil

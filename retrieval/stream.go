@@ -123,6 +123,21 @@ func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths 
 			return rep, err
 		}
 		ps, ok := readStreamFile(path, o, &rep)
+		if ok {
+			// What an earlier version of the file left goes first: the
+			// passages kept are written (or found) below.
+			keep := make([]uint64, len(ps))
+			messages := false
+			for j, p := range ps {
+				keep[j] = RemotePID(*p)
+				messages = messages || p.Source != path
+			}
+			n, err := store.DeleteStale(ctx, path, messages, keep)
+			if err != nil {
+				return rep, fmt.Errorf("write to %s: drop what %s held before: %w", store, path, err)
+			}
+			rep.Removed += n
+		}
 		for _, p := range ps {
 			batch = append(batch, p)
 			if len(batch) == o.Batch {

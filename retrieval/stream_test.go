@@ -86,3 +86,71 @@ func TestStreamResumesWithoutDuplicates(t *testing.T) {
 	_, err = Stream(t.Context(), store, StreamOptions{Tokenizer: tok}, filepath.Join(root, "docs"))
 	assert.ErrorIs(t, err, weaviate.ErrInvalid, "a BM25-only run into a dense collection")
 }
+
+// A changed file streamed or pushed again replaces its passages: the
+// collection ends with exactly the new version's, nothing of the old.
+func TestChangedFilesReplaceTheirPassages(t *testing.T) {
+	v1 := map[string]string{
+		"a.txt":    strings.Repeat("Volcanoes erupt lava and ash over the island. ", 30),
+		"b.txt":    strings.Repeat("Rivers carry water and silt down to the sea. ", 60),
+		"box.mbox": "From alice@example.com Mon Jan  1 00:00:00 2024\nSubject: one\n\nThe ferry leaves at noon.\n\nFrom bob@example.com Mon Jan  1 00:00:00 2024\nSubject: two\n\nThe museum opens on Sunday.\n",
+	}
+	v2 := map[string]string{
+		"a.txt":    strings.Repeat("Glaciers carve valleys into the old mountains. ", 30),
+		"b.txt":    strings.Repeat("Rivers carry water and silt down to the sea. ", 20),
+		"box.mbox": "From alice@example.com Mon Jan  1 00:00:00 2024\nSubject: one\n\nThe ferry leaves at noon.\n",
+	}
+	cl := weaviatetest.Start(t, 1)
+	tok := newWordTokenizer()
+	emb := newSynonymEmbedder()
+	exactly := func(t *testing.T, store *weaviate.Client, docs string) {
+		t.Helper()
+		ix, _, err := Build(t.Context(), t.TempDir(), Options{Tokenizer: tok}, docs)
+		require.NoError(t, err)
+		var want []uint64
+		for _, p := range ix.Passages() {
+			want = append(want, RemotePID(p))
+		}
+		require.NoError(t, ix.Close())
+		have, err := store.Existing(t.Context(), want)
+		require.NoError(t, err)
+		assert.Len(t, have, len(want), "every current passage is stored")
+		n, err := store.Count(t.Context())
+		require.NoError(t, err)
+		assert.Equal(t, len(want), n, "and nothing else")
+	}
+
+	t.Run("stream", func(t *testing.T) {
+		docs := filepath.Join(t.TempDir(), "docs")
+		writeFiles(t, docs, v1)
+		store, err := weaviate.New(weaviate.Config{URL: cl.URL(0), Collection: "Streamed"})
+		require.NoError(t, err)
+		_, err = Stream(t.Context(), store, StreamOptions{Tokenizer: tok, Embedder: emb}, docs)
+		require.NoError(t, err)
+		exactly(t, store, docs)
+
+		writeFiles(t, docs, v2)
+		rep, err := Stream(t.Context(), store, StreamOptions{Tokenizer: tok, Embedder: emb}, docs)
+		require.NoError(t, err)
+		assert.Positive(t, rep.Removed)
+		assert.Positive(t, rep.Present, "b.txt's first passages are unchanged")
+		exactly(t, store, docs)
+	})
+
+	t.Run("push", func(t *testing.T) {
+		docs := filepath.Join(t.TempDir(), "docs")
+		writeFiles(t, docs, v1)
+		store, err := weaviate.New(weaviate.Config{URL: cl.URL(0), Collection: "Pushed"})
+		require.NoError(t, err)
+		for _, files := range []map[string]string{v1, v2} {
+			writeFiles(t, docs, files)
+			ix, _, err := Build(t.Context(), t.TempDir(), Options{Tokenizer: tok, Embedder: emb}, docs)
+			require.NoError(t, err)
+			failed, err := Push(t.Context(), ix, store, weaviate.Layout{}, 64, nil)
+			require.NoError(t, err)
+			assert.Empty(t, failed)
+			require.NoError(t, ix.Close())
+			exactly(t, store, docs)
+		}
+	})
+}

@@ -174,6 +174,32 @@ func (c *Client) DeleteUnder(ctx context.Context, source string) (int, error) {
 	return n, nil
 }
 
+// DeleteStale removes the passages of file whose ids are not in keep:
+// what an earlier version of the file left behind once its current
+// passages are keep. With messages (a mailbox) that includes the passages
+// of its messages, sources file#N.
+func (c *Client) DeleteStale(ctx context.Context, file string, messages bool, keep []uint64) (int, error) {
+	of := []map[string]any{{"path": []string{"source"}, "operator": "Equal", "valueText": file}}
+	if messages {
+		if strings.ContainsAny(file, "*?") {
+			return 0, fmt.Errorf("%w: mailbox %q holds a wildcard", ErrInvalid, file)
+		}
+		of = append(of, map[string]any{"path": []string{"source"}, "operator": "Like", "valueText": file + "#*"})
+	}
+	where := map[string]any{"operator": "Or", "operands": of}
+	if len(keep) > 0 {
+		ids := make([]string, len(keep))
+		for i, p := range keep {
+			ids[i] = strconv.FormatUint(p, 16)
+		}
+		where = map[string]any{"operator": "And", "operands": []map[string]any{
+			where,
+			{"path": []string{"pid"}, "operator": "ContainsNone", "valueTextArray": ids},
+		}}
+	}
+	return c.deleteWhere(ctx, where)
+}
+
 func (c *Client) deleteWhere(ctx context.Context, where map[string]any) (int, error) {
 	body := map[string]any{
 		"match": map[string]any{"class": c.cfg.Collection, "where": where},
@@ -188,7 +214,7 @@ func (c *Client) deleteWhere(ctx context.Context, where map[string]any) (int, er
 		return 0, err
 	}
 	if resp.Results.Failed > 0 {
-		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages matching %v not deleted", resp.Results.Failed, where["valueText"])
+		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages not deleted", resp.Results.Failed)
 	}
 	return resp.Results.Successful, nil
 }
