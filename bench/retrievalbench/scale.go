@@ -60,7 +60,11 @@ type ScaleOptions struct {
 	// Clients in flight for QPS (default 4).
 	Clients int
 	Dir     string
-	Log     func(format string, args ...any)
+	// Reuse keeps what an earlier run left in Dir (the reference index,
+	// the engines' data) and its ingest rates, so a corpus too large to
+	// ingest twice can be queried again.
+	Reuse bool
+	Log   func(format string, args ...any)
 }
 
 // Scale measures each backend over one corpus.
@@ -76,15 +80,11 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 	}
 	// The reference: exact BM25 (bleve) and exact dense search (a scan of
 	// every vector), fused by the same RRF.
-	start := time.Now()
 	before := selfRSS()
-	exact, _, err := retrieval.Build(ctx, filepath.Join(o.Dir, "bleve"), retrieval.Options{
-		Tokenizer: o.Tokenizer, Embedder: o.Embedder, ExactDenseMax: 1 << 40, EmbedBatch: 256,
-	}, o.Corpus)
+	exact, buildS, err := referenceIndex(ctx, o)
 	if err != nil {
 		return nil, fmt.Errorf("reference index: %w", err)
 	}
-	buildS := time.Since(start).Seconds()
 	n := exact.Stats().Manifest.Passages
 	o.Log("%d passages indexed by bleve in %.0fs", n, buildS)
 	ref := make([][]string, len(o.Queries))
@@ -134,7 +134,10 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 				return out, err
 			}
 			layout := weaviate.Layout{Shards: nodes, Replicas: min(2, nodes)}
+			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
+			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()
+			// On reuse this only checks that every passage is there.
 			rep, err := retrieval.Stream(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus)
 			if err == nil && len(rep.Failed) > 0 {
 				err = fmt.Errorf("%d passages refused, the first: %v", len(rep.Failed), rep.Failed[0])
@@ -144,7 +147,13 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 				return out, fmt.Errorf("%s: ingest: %w", b, err)
 			}
 			ingest = float64(rep.Passages) / time.Since(t0).Seconds()
-			o.Log("%s: %d passages ingested at %.0f/s", b, rep.Passages, ingest)
+			if o.Reuse && haveEarlier && rep.Passages == 0 {
+				ingest = earlier
+			} else if err := writeFloat(rateFile, ingest); err != nil {
+				cl.Stop()
+				return out, err
+			}
+			o.Log("%s: %d passages ingested (%d there before) at %.0f/s", b, rep.Passages, rep.Present, ingest)
 			r, err := retrieval.OpenRemote(ctx, store, o.Embedder)
 			if err != nil {
 				cl.Stop()
@@ -170,6 +179,44 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 		stop()
 	}
 	return out, nil
+}
+
+// referenceIndex builds the exact index (or, on reuse, opens the one an
+// earlier run built) and says how long building took.
+func referenceIndex(ctx context.Context, o ScaleOptions) (*retrieval.Index, float64, error) {
+	dir := filepath.Join(o.Dir, "bleve")
+	secFile := dir + ".build-s"
+	if s, ok := readFloat(secFile); ok && o.Reuse {
+		ix, err := retrieval.Open(dir, retrieval.Options{ReadOnly: true, Embedder: o.Embedder, ExactDenseMax: 1 << 40})
+		return ix, s, err
+	}
+	os.RemoveAll(dir)
+	start := time.Now()
+	ix, _, err := retrieval.Build(ctx, dir, retrieval.Options{
+		Tokenizer: o.Tokenizer, Embedder: o.Embedder, ExactDenseMax: 1 << 40, EmbedBatch: 256,
+	}, o.Corpus)
+	if err != nil {
+		return nil, 0, err
+	}
+	s := time.Since(start).Seconds()
+	if err := writeFloat(secFile, s); err != nil {
+		ix.Close()
+		return nil, 0, err
+	}
+	return ix, s, nil
+}
+
+func readFloat(path string) (float64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	return v, err == nil
+}
+
+func writeFloat(path string, v float64) error {
+	return os.WriteFile(path, []byte(strconv.FormatFloat(v, 'g', -1, 64)+"\n"), 0o644)
 }
 
 func hitKeys(hits []retrieval.Hit) []string {

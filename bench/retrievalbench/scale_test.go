@@ -3,11 +3,13 @@ package retrievalbench
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/retrieval"
 )
 
@@ -46,4 +48,45 @@ func TestMeasureRecall(t *testing.T) {
 
 	assert.Greater(t, rssOf(os.Getpid()), int64(1<<20), "this process's resident memory")
 	assert.Zero(t, rssOf(-1))
+}
+
+// byteTokenizer makes every byte a token.
+type byteTokenizer struct{}
+
+func (byteTokenizer) Tokenize(text string, _, _ bool) ([]engine.Token, error) {
+	out := make([]engine.Token, len(text))
+	for i := range len(text) {
+		out[i] = engine.Token(text[i])
+	}
+	return out, nil
+}
+
+func (byteTokenizer) Piece(t engine.Token) []byte { return []byte{byte(t)} }
+
+func TestScaleReusesWhatItKept(t *testing.T) {
+	m, err := LearnText([]string{"The cat sat on the mat. The dog ran after the cat. A bird sang over the river!"})
+	require.NoError(t, err)
+	dir := t.TempDir()
+	corpus := filepath.Join(dir, "corpus")
+	_, err = WriteSynthCorpus(corpus, m, 3000, 0, 1)
+	require.NoError(t, err)
+	o := ScaleOptions{
+		Corpus: corpus, Tokenizer: byteTokenizer{}, Embedder: retrieval.RandomEmbedder{Dims: 8},
+		Queries: []string{"cat", "dog river", "bird"}, Backends: []string{"bleve"}, Dir: dir, Reuse: true,
+	}
+	first, err := Scale(t.Context(), o)
+	require.NoError(t, err)
+	require.FileExists(t, filepath.Join(dir, "bleve.build-s"))
+	assert.Equal(t, 1.0, first["bleve"].RecallAt10, "bleve is exact at this size")
+
+	again, err := Scale(t.Context(), o)
+	require.NoError(t, err)
+	assert.Equal(t, first["bleve"].IngestPerS, again["bleve"].IngestPerS, "the kept index and its build time are reused")
+	assert.Equal(t, first["bleve"].Passages, again["bleve"].Passages)
+
+	o.Reuse = false
+	fresh, err := Scale(t.Context(), o)
+	require.NoError(t, err)
+	assert.Equal(t, first["bleve"].Passages, fresh["bleve"].Passages)
+	assert.NotEqual(t, first["bleve"].IngestPerS, fresh["bleve"].IngestPerS, "without reuse the index is built again")
 }

@@ -72,6 +72,9 @@ func LearnText(texts []string) (*TextModel, error) {
 // Vocabulary is the number of distinct words.
 func (m *TextModel) Vocabulary() int { return len(m.words) }
 
+// Frequent returns the n most frequent words, most frequent first.
+func (m *TextModel) Frequent(n int) []string { return m.words[:min(n, len(m.words))] }
+
 // Word draws one word.
 func (m *TextModel) Word(rng *rand.Rand) string {
 	return m.words[min(sort.SearchFloat64s(m.cum, rng.Float64()), len(m.words)-1)]

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -30,24 +32,26 @@ type retrievalReport struct {
 	EmbedPerS map[string]float64            `json:"embed_per_s"`
 	EmbedOn   int                           `json:"embed_passages"`
 	Quality   *retrievalbench.QualityResult `json:"quality,omitempty"`
-	// Scale is backend → corpus size → hybrid-query figures, on synthetic
-	// corpora with random vectors.
-	Scale map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
+	// Scale is backend → corpus size → query figures, on synthetic corpora
+	// with ScaleVectors ("words" or "random").
+	ScaleVectors string                                          `json:"scale_vectors,omitempty"`
+	Scale        map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
 }
 
 func newBenchRetrievalCmd() *cobra.Command {
 	var (
-		model, wiki, questions string
-		embedders              []string
-		threads, sample, pool  int
-		embedOn                int
-		seed                   uint64
-		asJSON, noQuality      bool
-		sizes                  []int
-		backends               []string
-		script                 string
-		queries                int
-		scaleMode              string
+		model, wiki, questions  string
+		embedders               []string
+		threads, sample, pool   int
+		embedOn                 int
+		seed                    uint64
+		asJSON, noQuality       bool
+		sizes                   []int
+		backends                []string
+		script                  string
+		queries                 int
+		scaleMode, scaleVectors string
+		keep                    string
 	)
 	cmd := &cobra.Command{
 		Use:   "retrieval",
@@ -154,7 +158,13 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				if err != nil {
 					return err
 				}
-				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, mode, script, scratch, logf); err != nil {
+				vectors, closeV, err := scaleEmbedder(ctx, scaleVectors, m, passages, threads, logf)
+				if err != nil {
+					return err
+				}
+				defer closeV()
+				rep.ScaleVectors = scaleVectors
+				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, mode, vectors, script, cmp.Or(keep, scratch), keep != "", logf); err != nil {
 					return err
 				}
 			}
@@ -181,6 +191,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.StringVar(&script, "cluster-script", "deploy/weaviate/cluster.sh", "starts engine nodes (its binary: $WEAVIATE_BIN or build/weaviate, make weaviate)")
 	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
+	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
+	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")
 	return cmd
 }
 
@@ -198,10 +210,42 @@ func printRetrievalReport(w interface{ Write([]byte) (int, error) }, r retrieval
 	return nil
 }
 
+// scaleWords is how many of the real corpus's most frequent words get a
+// MiniLM vector for --scale-vectors words.
+const scaleWords = 20_000
+
+// scaleEmbedder gives the scale run's vectors: no model embeds millions of
+// passages here, so either each passage's words' MiniLM vectors, averaged,
+// or random unit vectors.
+func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []string, threads int, logf func(string, ...any)) (retrieval.Embedder, func(), error) {
+	switch kind {
+	case "random":
+		return retrieval.RandomEmbedder{Dims: 384}, func() {}, nil
+	case "words":
+		model, err := retrievalbench.LearnText(real)
+		if err != nil {
+			return nil, nil, err
+		}
+		e, closeE, err := newEmbedder(embedModel, m, threads)
+		if err != nil {
+			return nil, nil, err
+		}
+		t0 := time.Now()
+		w, err := retrievalbench.NewWordMeanEmbedder(ctx, e, model.Frequent(scaleWords))
+		if err != nil {
+			closeE()
+			return nil, nil, err
+		}
+		logf("scale vectors: %d words embedded in %v", w.Words(), time.Since(t0).Round(time.Second))
+		return w, closeE, nil
+	default:
+		return nil, nil, fmt.Errorf("--scale-vectors %q: want words or random", kind)
+	}
+}
+
 // benchScale writes a synthetic corpus of each size (from the real
-// corpus's word statistics) and measures every backend over it, with
-// random vectors (no embedding model embeds millions of passages here).
-func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, mode retrieval.Mode, script, scratch string, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
+// corpus's word statistics) and measures every backend over it.
+func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, mode retrieval.Mode, vectors retrieval.Embedder, script, scratch string, reuse bool, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
 	model, err := retrievalbench.LearnText(real)
 	if err != nil {
 		return nil, err
@@ -211,20 +255,32 @@ func benchScale(ctx context.Context, m engine.Model, real, queries []string, siz
 		return nil, err
 	}
 	out := map[string]map[string]retrievalbench.ScalePoint{}
-	base := 21000
 	for _, n := range sizes {
-		dir := filepath.Join(scratch, fmt.Sprintf("scale-%d", n))
+		// The vectors' fingerprint names the folder: kept engine data is
+		// only queried with the vectors it holds.
+		fp, ok := vectors.(retrieval.Fingerprinter)
+		if !ok {
+			return out, fmt.Errorf("scale vectors %T name no fingerprint", vectors)
+		}
+		dir := filepath.Join(scratch, fmt.Sprintf("scale-%d-%08x", n, crc32.ChecksumIEEE([]byte(fp.Fingerprint()))))
 		corpus := filepath.Join(dir, "corpus")
-		if _, err := retrievalbench.WriteSynthCorpus(corpus, model, retrievalbench.SynthWords(n, retrieval.DefaultChunkTokens, perWord), 0, uint64(n)); err != nil {
-			return out, err
+		written := filepath.Join(dir, "corpus.written")
+		if _, err := os.Stat(written); err != nil || !reuse {
+			os.RemoveAll(corpus)
+			if _, err := retrievalbench.WriteSynthCorpus(corpus, model, retrievalbench.SynthWords(n, retrieval.DefaultChunkTokens, perWord), 0, uint64(n)); err != nil {
+				return out, err
+			}
+			if err := os.WriteFile(written, nil, 0o644); err != nil {
+				return out, err
+			}
 		}
 		logf("scale: synthetic corpus of about %d passages", n)
 		res, err := retrievalbench.Scale(ctx, retrievalbench.ScaleOptions{
-			Corpus: corpus, Passages: n, Tokenizer: m, Embedder: retrieval.RandomEmbedder{Dims: 384},
-			Queries: queries, Mode: mode, Backends: backends, Dir: dir, Log: logf,
+			Corpus: corpus, Passages: n, Tokenizer: m, Embedder: vectors,
+			Queries: queries, Mode: mode, Backends: backends, Dir: dir, Reuse: reuse, Log: logf,
 			StartEngine: func(nodes int) (retrievalbench.Cluster, error) {
-				base += 1000
-				return retrievalbench.StartScriptCluster(script, filepath.Join(dir, fmt.Sprintf("engine-%d", nodes)), nodes, base, nil)
+				// A kept cluster restarts on the ports its members know.
+				return retrievalbench.StartScriptCluster(script, filepath.Join(dir, fmt.Sprintf("engine-%d", nodes)), nodes, 21000+1000*nodes, nil)
 			},
 		})
 		if err != nil {
@@ -236,7 +292,9 @@ func benchScale(ctx context.Context, m engine.Model, real, queries []string, siz
 			}
 			out[b][strconv.Itoa(n)] = p
 		}
-		os.RemoveAll(dir)
+		if !reuse {
+			os.RemoveAll(dir)
+		}
 	}
 	return out, nil
 }
