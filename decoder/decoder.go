@@ -258,6 +258,11 @@ func (d *Decoder) SetSystem(system string) { d.system = system }
 // Close frees the engine context.
 func (d *Decoder) Close() error { return d.ectx.Close() }
 
+// VerifyTable is the cost model's table of verification costs, refined
+// while decoding: a decoder made again for the same model and threads
+// (Options.VerifyTable) starts from it instead of measuring.
+func (d *Decoder) VerifyTable() *specdec.VerifyTable { return d.cost.Verify }
+
 // Abort stops the forward pass in flight (from any goroutine): the call
 // running it returns an error wrapping engine.ErrAborted and the decoder
 // stays as it was before that call.

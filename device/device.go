@@ -37,6 +37,17 @@ type Config struct {
 	// StallTimeout: a generation whose cloud answers no handshake or
 	// decides no step for this long goes on alone (0: 10 s).
 	StallTimeout time.Duration
+	// IdleUnload > 0 frees the decoder's context and the model's weights
+	// after this long without a generation, so an idle daemon gives its
+	// memory back; the next generation loads them back first. The model
+	// must then be an Unloader.
+	IdleUnload time.Duration
+}
+
+// Unloader is a model that can free its weights while idle and load them
+// back when next used (llamacpp.Model).
+type Unloader interface {
+	Unload() error
 }
 
 // defaultStallTimeout is StallTimeout's default.
@@ -47,10 +58,22 @@ type Server struct {
 	dragonv1.UnimplementedDeviceServiceServer
 	cfg   Config
 	hello *dragonv1.Hello
-	dec   *decoder.Decoder
 	busy  chan struct{}
 	start time.Time
 	ids   atomic.Uint64
+
+	// life guards loading and freeing the decoder: a generation holds a
+	// lease (acquire, release) from before its first use of dec to after
+	// its last, and nothing is freed while one is held. A generation
+	// that comes while the model is being freed waits, then loads it.
+	life   sync.Mutex
+	dec    *decoder.Decoder // nil while unloaded; read freely under a lease
+	leases int
+	// idleGen tells a stale idle timer (one armed before the latest
+	// acquire) from the current one.
+	idleGen uint64
+	idle    *time.Timer
+	closed  bool
 
 	mu    sync.Mutex
 	stats dragonv1.StatsResponse
@@ -58,17 +81,109 @@ type Server struct {
 
 // New loads the decoder the server generates with.
 func New(cfg Config) (*Server, error) {
+	if _, ok := cfg.Model.(Unloader); cfg.IdleUnload > 0 && !ok {
+		return nil, fmt.Errorf("device: idle unload needs a model that can unload, not %T", cfg.Model)
+	}
 	dec, hello, err := cfg.Open(aggregator.Device)
 	if err != nil {
 		return nil, fmt.Errorf("device: %w", err)
 	}
 	s := &Server{cfg: cfg, hello: hello, dec: dec, busy: make(chan struct{}, 1), start: time.Now()}
 	s.ids.Store(rand.Uint64())
+	s.armIdleLocked()
 	return s, nil
 }
 
 // Close frees the decoder.
-func (s *Server) Close() error { return s.dec.Close() }
+func (s *Server) Close() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.closed = true
+	s.idleGen++
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	if s.dec == nil {
+		return nil
+	}
+	err := s.dec.Close()
+	s.dec = nil
+	return err
+}
+
+// ModelLoaded reports whether the model is loaded (false after an idle
+// unload, until the next generation).
+func (s *Server) ModelLoaded() bool {
+	s.life.Lock()
+	defer s.life.Unlock()
+	return s.dec != nil
+}
+
+// acquire takes a lease on the decoder, loading it back after an idle
+// unload.
+func (s *Server) acquire() error {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if s.closed {
+		return status.Error(codes.Unavailable, "the device daemon is shutting down")
+	}
+	s.idleGen++
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	if s.dec == nil {
+		start := time.Now()
+		dec, _, err := s.cfg.Open(aggregator.Device)
+		if err != nil {
+			return status.Errorf(codes.Unavailable, "loading the model back: %v", err)
+		}
+		s.dec = dec
+		s.cfg.Log.Info("model loaded back after idling", "took", time.Since(start))
+	}
+	s.leases++
+	return nil
+}
+
+// release ends a lease; the last one arms the idle timer.
+func (s *Server) release() {
+	s.life.Lock()
+	defer s.life.Unlock()
+	s.leases--
+	s.armIdleLocked()
+}
+
+func (s *Server) armIdleLocked() {
+	if s.cfg.IdleUnload <= 0 || s.leases > 0 || s.closed {
+		return
+	}
+	s.idleGen++
+	gen := s.idleGen
+	s.idle = time.AfterFunc(s.cfg.IdleUnload, func() { s.unloadIdle(gen) })
+}
+
+// unloadIdle frees the decoder's context and the model's weights, unless
+// a generation took a lease since the timer gen was armed.
+func (s *Server) unloadIdle(gen uint64) {
+	s.life.Lock()
+	defer s.life.Unlock()
+	if gen != s.idleGen || s.leases > 0 || s.dec == nil {
+		return
+	}
+	// The verification costs were measured for this model and these
+	// threads already: the decoder made on reload need not measure again.
+	s.cfg.Decoder.VerifyTable = s.dec.VerifyTable()
+	if err := s.dec.Close(); err != nil {
+		s.cfg.Log.Warn("idle unload: closing the decoder", "err", err)
+	}
+	s.dec = nil
+	// Another holder of a context (the chat model as retrieval
+	// embedder) keeps the weights loaded: only the context goes.
+	if err := s.cfg.Model.(Unloader).Unload(); err != nil {
+		s.cfg.Log.Warn("idle unload: the model stays loaded", "err", err)
+		return
+	}
+	s.cfg.Log.Info("model unloaded after idling", "idle", s.cfg.IdleUnload)
+}
 
 // Generate implements dragon.v1.DeviceService.
 func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceService_GenerateServer) error {
@@ -93,6 +208,10 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	default:
 		return wire.ResourceExhausted("device generations", 1, 1, 0)
 	}
+	if err := s.acquire(); err != nil {
+		return err
+	}
+	defer s.release()
 	id := s.ids.Add(1)
 	log := s.cfg.Log.With("session", id, "mode", session.ModeName(req.Mode))
 	out := newChunker(s.cfg.Model, req.Stop, send)

@@ -414,6 +414,9 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
+// usage counts a request's tokens. It tokenizes, so it runs while the generation holds the model (on its
+// summary): afterwards an idle unload may have freed it, and tokenizing
+// would load it back for nothing.
 func (o *OpenAI) usage(g *dragonv1.GenerateRequest, completion int) usage {
 	n := 0
 	texts := []string{g.GetSystem(), g.GetPrompt()}
@@ -443,10 +446,11 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 	if !opts.Stream {
 		var text strings.Builder
 		var sum *dragonv1.GenerateSummary
+		var use usage
 		err := o.srv.Serve(r.Context(), g, func(m *dragonv1.GenerateResponse) error {
 			text.WriteString(m.GetChunk().GetText())
 			if s := m.GetSummary(); s != nil {
-				sum = s
+				sum, use = s, o.usage(g, int(s.GetTokens()))
 			}
 			return nil
 		})
@@ -462,7 +466,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 		}
 		writeJSON(w, map[string]any{
 			"id": id, "object": object, "created": created, "model": o.model,
-			"choices": []any{choice}, "usage": o.usage(g, int(sum.GetTokens())), "dragon": NewSummaryJSON(sum),
+			"choices": []any{choice}, "usage": use, "dragon": NewSummaryJSON(sum),
 		})
 		return
 	}
@@ -507,9 +511,10 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 	}
 	started := false
 	var sum *dragonv1.GenerateSummary
+	var use usage
 	err := o.srv.Serve(r.Context(), g, func(m *dragonv1.GenerateResponse) error {
 		if s := m.GetSummary(); s != nil {
-			sum = s
+			sum, use = s, o.usage(g, int(s.GetTokens()))
 			return nil
 		}
 		text := m.GetChunk().GetText()
@@ -537,7 +542,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 	}
 	_ = event(last, map[string]any{"dragon": NewSummaryJSON(sum)})
 	if opts.StreamOptions != nil && opts.StreamOptions.IncludeUsage {
-		_ = event(nil, map[string]any{"usage": o.usage(g, int(sum.GetTokens()))})
+		_ = event(nil, map[string]any{"usage": use})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	if flusher != nil {

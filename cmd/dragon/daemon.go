@@ -56,6 +56,9 @@ type sideFlags struct {
 	drain                            time.Duration
 	grpc                             wire.Config
 	kvCache                          kvCacheFlags
+	// memoryMB > 0 sizes the context to a budget (planMemory); only the
+	// device daemon registers it.
+	memoryMB int
 }
 
 func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile string, kvCacheMB int) {
@@ -69,7 +72,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
 	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
-	fs.IntVar(&f.threads, "threads", 1, "compute threads")
+	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
 	fs.IntVar(&f.maxPassages, "max-passages", 8, "most passages a request may ask for")
 	fs.IntVar(&f.ctxPerSeq, "ctx", 1024, "KV positions per passage sequence")
@@ -92,6 +95,8 @@ func (f *sideFlags) validate() error {
 		return fmt.Errorf("--max-tokens %d and --max-tokens-limit %d: need 1 ≤ max-tokens ≤ limit", f.maxTokens, f.limitToks)
 	case f.maxPrompt < 1:
 		return fmt.Errorf("--max-prompt-bytes %d: need at least 1", f.maxPrompt)
+	case f.memoryMB < 0:
+		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
 	}
 	return f.kvCache.validate()
 }
@@ -126,6 +131,12 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (make model fetches the default one)", err)
 	}
+	if f.memoryMB > 0 {
+		if err := f.fitMemory(m.Footprint(), log); err != nil {
+			m.Close()
+			return nil, err
+		}
+	}
 	s := &side{model: m, close: func() { m.Close() }}
 	if f.index != "" {
 		ix, closeIx, err := openSearcher(f.index, m, f.threads)
@@ -158,12 +169,30 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	s.limits = session.Limits{MaxTokens: f.limitToks, MaxPassages: f.maxPassages, MaxPrompt: f.maxPrompt}
 	s.registry = prometheus.NewRegistry()
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerResidentMemory(s.registry, "/proc/self/status")
 	s.metrics = session.NewMetrics(s.registry)
 	if s.decoder.Cache, err = f.kvCache.open(f.model, s.registry, log); err != nil {
 		s.close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// fitMemory lowers --max-passages (and --passages with it) to what
+// --memory-mb holds, or fails when it cannot hold one sequence.
+func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, f.maxPassages, int64(f.kvCache.memoryMB)<<20)
+	if err != nil {
+		return err
+	}
+	if p.Sequences < f.maxPassages {
+		log.Info("--memory-mb lowers --max-passages", "max_passages", p.Sequences, "asked", f.maxPassages)
+		f.maxPassages = p.Sequences
+		f.passages = min(f.passages, p.Sequences)
+	}
+	log.Info("memory budget", "memory_mb", f.memoryMB, "weights_mb", mib(p.Weights), "compute_mb", mib(p.Compute),
+		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "sequences", p.Sequences, "ctx", f.ctxPerSeq)
+	return nil
 }
 
 // config is the session configuration of what was loaded.

@@ -26,6 +26,7 @@ func newDeviceCmd() *cobra.Command {
 		cloudPassages int
 		mode          string
 		cloudTimeout  time.Duration
+		idleUnload    time.Duration
 		modelID       string
 		peer          wire.Config
 	)
@@ -49,12 +50,17 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			if cloudPassages < 0 || cloudPassages > f.maxPassages {
 				return fmt.Errorf("--cloud-passages %d: need 0 ≤ cloud-passages ≤ max-passages %d", cloudPassages, f.maxPassages)
 			}
+			if idleUnload < 0 {
+				return fmt.Errorf("--idle-unload %v: need 0 (never) or more", idleUnload)
+			}
 			s, err := f.load(log)
 			if err != nil {
 				return err
 			}
 			defer s.close()
-			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout}
+			// --memory-mb may have lowered --max-passages.
+			cloudPassages = min(cloudPassages, f.maxPassages)
+			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout, IdleUnload: idleUnload}
 			cloudState := func() string { return "none (device-only)" }
 			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def}
 			if cloudAddr != "" {
@@ -91,7 +97,13 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				return err
 			}
 			defer srv.Close()
-			h := newHTTPServer(s.registry, f.pprof, func() string { return "cloud: " + cloudState() }, s.backendReady)
+			h := newHTTPServer(s.registry, f.pprof, func() string {
+				model := "loaded"
+				if !srv.ModelLoaded() {
+					model = "unloaded while idle (the next request loads it)"
+				}
+				return "cloud: " + cloudState() + "\nmodel: " + model
+			}, s.backendReady)
 			if modelID == "" {
 				modelID = strings.TrimSuffix(filepath.Base(f.model), ".gguf")
 			}
@@ -108,6 +120,8 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.StringVar(&mode, "mode", "dragon", "mode when a request does not say: dragon, tw, sw, device-only, cloud-only, context or kv")
 	fs.StringVar(&modelID, "model-id", "", "model id of the OpenAI-compatible API on --http (default: the model file's name without .gguf)")
 	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud answers no handshake or decides no step for this long (it is also finished alone when the cloud goes away)")
+	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits (0: no budget; see deploy/phone/README.md)")
+	fs.DurationVar(&idleUnload, "idle-unload", 0, "after this long without a request, free the model and its context (memory goes back to the OS); the next request loads them back (0: never)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd
 }

@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,18 +64,37 @@ type Options struct {
 	Threads int
 }
 
-// Model is a llama.cpp model, memory-mapped.
+// Model is a llama.cpp model, memory-mapped. Unload frees it while it is
+// idle, keeping what Go holds (Info, pieces, the template), and the next
+// call that needs llama.cpp loads it back.
 type Model struct {
-	c       *C.struct_llama_model
-	vocab   *C.struct_llama_vocab
-	info    engine.ModelInfo
-	threads int
-	pieces  [][]byte
-	eog     []bool
-	tmpl    string
+	info      engine.ModelInfo
+	threads   int
+	pieces    [][]byte
+	eog       []bool
+	tmpl      string
+	footprint Footprint
 
-	mu     sync.Mutex
-	closed bool
+	// mu guards c and vocab: calls into them hold it for reading, so that
+	// Unload (which holds it for writing) never frees a model in use.
+	mu       sync.RWMutex
+	c        *C.struct_llama_model // nil while unloaded
+	vocab    *C.struct_llama_vocab
+	closed   bool
+	contexts atomic.Int32 // open contexts, which Unload waits out
+}
+
+// Footprint is what a model costs in memory, for sizing contexts to a
+// budget.
+type Footprint struct {
+	// Weights are the tensors' bytes, mapped from the file: resident as
+	// they are read, and dropped by the kernel under pressure.
+	Weights int64
+	// KVPerToken is the bytes of one position of one sequence in the KV
+	// cache: layers × KV heads × (K head dim + V head dim) × 2 (f16).
+	KVPerToken int64
+	Vocab      int
+	Heads      int
 }
 
 var _ engine.Model = (*Model)(nil)
@@ -89,11 +109,9 @@ func Load(path string, opts Options) (*Model, error) {
 		return nil, errBackend
 	}
 
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	cm := C.dragon_model_load(cpath)
-	if cm == nil {
-		return nil, fmt.Errorf("%w: llama.cpp could not load %s (unsupported architecture or corrupt tensors; run with -v for llama.cpp's log)", engine.ErrBadModel, path)
+	cm, err := loadModel(path)
+	if err != nil {
+		return nil, err
 	}
 	m := &Model{c: cm, vocab: C.llama_model_get_vocab(cm), threads: opts.Threads}
 	if m.threads <= 0 {
@@ -131,6 +149,7 @@ func Load(path string, opts Options) (*Model, error) {
 		// llama.cpp's key; causal unless the model says otherwise.
 		Bidirectional: m.meta(arch+".attention.causal") == "false",
 	}
+	m.footprint = m.readFootprint(arch)
 	if m.info.Name == "" {
 		// Converted checkpoints may carry no name; fine-tuned variants of
 		// one base share every shape, so the name comes from the bytes.
@@ -143,6 +162,41 @@ func Load(path string, opts Options) (*Model, error) {
 	}
 	return m, nil
 }
+
+func loadModel(path string) (*C.struct_llama_model, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	cm := C.dragon_model_load(cpath)
+	if cm == nil {
+		return nil, fmt.Errorf("%w: llama.cpp could not load %s (unsupported architecture or corrupt tensors; run with -v for llama.cpp's log)", engine.ErrBadModel, path)
+	}
+	return cm, nil
+}
+
+// readFootprint reads the KV shape from the model: the head dims from
+// the GGUF keys when present (they may differ from n_embd/n_head), else
+// n_embd/n_head as llama.cpp assumes.
+func (m *Model) readFootprint(arch string) Footprint {
+	heads := int64(C.llama_model_n_head(m.c))
+	headDim := int64(C.llama_model_n_embd(m.c)) / max(heads, 1)
+	dimK, dimV := headDim, headDim
+	if v, err := strconv.ParseInt(m.meta(arch+".attention.key_length"), 10, 64); err == nil {
+		dimK = v
+	}
+	if v, err := strconv.ParseInt(m.meta(arch+".attention.value_length"), 10, 64); err == nil {
+		dimV = v
+	}
+	layers, kvHeads := int64(C.llama_model_n_layer(m.c)), int64(C.llama_model_n_head_kv(m.c))
+	return Footprint{
+		Weights:    int64(C.llama_model_size(m.c)),
+		KVPerToken: layers * kvHeads * (dimK + dimV) * 2,
+		Vocab:      len(m.pieces),
+		Heads:      int(heads),
+	}
+}
+
+// Footprint is what the model costs in memory.
+func (m *Model) Footprint() Footprint { return m.footprint }
 
 // contentName names a nameless model by a hash of its first 4 MiB: the
 // metadata and the start of the first tensor (the token embeddings).
@@ -216,9 +270,10 @@ func (m *Model) Info() engine.ModelInfo { return m.info }
 
 // Tokenize implements engine.Model.
 func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]engine.Token, error) {
-	if err := m.alive(); err != nil {
+	if err := m.hold(); err != nil {
 		return nil, err
 	}
+	defer m.mu.RUnlock()
 	if text == "" && !addSpecial {
 		return nil, nil
 	}
@@ -290,13 +345,72 @@ func (m *Model) ChatPrompt(msgs []engine.Message, addAssistant bool) (string, er
 	}
 }
 
-func (m *Model) alive() error {
+// hold read-locks the model loaded, loading it back after Unload; the
+// caller calls m.mu.RUnlock when done with m.c and m.vocab.
+func (m *Model) hold() error {
+	for {
+		m.mu.RLock()
+		switch {
+		case m.closed:
+			m.mu.RUnlock()
+			return engine.ErrClosed
+		case m.c != nil:
+			return nil
+		}
+		m.mu.RUnlock()
+		// An Unload may slip in between the reload and the read lock:
+		// then load again.
+		if err := m.reload(); err != nil {
+			return err
+		}
+	}
+}
+
+// reload loads the model back after Unload.
+func (m *Model) reload() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.closed {
-		return engine.ErrClosed
+	if m.closed || m.c != nil {
+		return nil
 	}
+	cm, err := loadModel(m.info.Path)
+	if err != nil {
+		return err
+	}
+	// The Go side (pieces, fingerprint) was read from the first load: a
+	// file replaced since would not match it.
+	vocab := C.llama_model_get_vocab(cm)
+	if int(C.llama_vocab_n_tokens(vocab)) != m.footprint.Vocab || int64(C.llama_model_size(cm)) != m.footprint.Weights {
+		C.llama_model_free(cm)
+		return fmt.Errorf("%w: %s changed on disk since it was first loaded", engine.ErrBadModel, m.info.Path)
+	}
+	m.c, m.vocab = cm, vocab
 	return nil
+}
+
+// Unload frees the model's weights (their mapping goes back to the OS)
+// until a call needs them again. It fails while contexts are open: they
+// use the weights.
+func (m *Model) Unload() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.c == nil {
+		return nil
+	}
+	if n := m.contexts.Load(); n > 0 {
+		return fmt.Errorf("llamacpp: %d contexts of %s still open", n, m.info.Name)
+	}
+	C.llama_model_free(m.c)
+	m.c, m.vocab = nil, nil
+	return nil
+}
+
+// Loaded reports whether the weights are loaded (not closed, not
+// unloaded).
+func (m *Model) Loaded() bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.c != nil && !m.closed
 }
 
 // Close frees the model. Contexts must be closed first.
@@ -305,7 +419,10 @@ func (m *Model) Close() error {
 	defer m.mu.Unlock()
 	if !m.closed {
 		m.closed = true
-		C.llama_model_free(m.c)
+		if m.c != nil {
+			C.llama_model_free(m.c)
+			m.c, m.vocab = nil, nil
+		}
 	}
 	return nil
 }
@@ -320,9 +437,6 @@ func (m *Model) NewContext(opts engine.ContextOptions) (engine.Context, error) {
 // each sequence has its own stream.
 func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 	unified := opts.Unified
-	if err := m.alive(); err != nil {
-		return nil, err
-	}
 	if opts.MaxSeqs <= 0 || opts.CtxPerSeq <= 0 {
 		return nil, fmt.Errorf("%w: context needs MaxSeqs and CtxPerSeq > 0 (got %d, %d)", engine.ErrInvalidInput, opts.MaxSeqs, opts.CtxPerSeq)
 	}
@@ -346,6 +460,10 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 	if m.info.Bidirectional {
 		ubatch = opts.BatchSize
 	}
+	if err := m.hold(); err != nil {
+		return nil, err
+	}
+	defer m.mu.RUnlock()
 	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize), C.uint32_t(ubatch),
 		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified))
 	if cc == nil {
@@ -361,6 +479,7 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 		vocab:   len(m.pieces),
 	}
 	c.mem = C.llama_get_memory(c.lc)
+	m.contexts.Add(1)
 	return c, nil
 }
 
@@ -662,6 +781,7 @@ func (c *Context) Close() error {
 	if !c.closed {
 		c.closed = true
 		C.dragon_ctx_free(c.c)
+		c.model.contexts.Add(-1)
 	}
 	return nil
 }

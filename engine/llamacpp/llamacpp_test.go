@@ -477,3 +477,81 @@ func TestSeqStateMovesBetweenContexts(t *testing.T) {
 	_, err = dst.SeqState(1)
 	assert.ErrorIs(t, err, engine.ErrInvalidInput, "nothing to save")
 }
+
+// TestFootprint: SmolLM2-135M keeps 30 layers × 3 KV heads × (64 + 64)
+// dims × 2 bytes per position, which llama.cpp's own log confirms (180 MiB
+// for 8192 cells), and its weights are most of the file.
+func TestFootprint(t *testing.T) {
+	m := loadReal(t)
+	fp := m.Footprint()
+	assert.Equal(t, int64(30*3*(64+64)*2), fp.KVPerToken)
+	assert.Equal(t, 49152, fp.Vocab)
+	assert.Equal(t, 9, fp.Heads)
+	st, err := os.Stat(realModelPath(t))
+	require.NoError(t, err)
+	assert.InDelta(t, float64(st.Size()), float64(fp.Weights), 0.1*float64(st.Size()))
+}
+
+// TestUnloadLoadsBack: Unload waits for open contexts, frees the weights,
+// and the next call loads them back and computes the same logits.
+func TestUnloadLoadsBack(t *testing.T) {
+	m, err := Load(realModelPath(t), Options{Threads: 1})
+	require.NoError(t, err)
+	defer m.Close()
+	logits := func() []float32 {
+		c, err := m.NewLlamaContext(engine.ContextOptions{MaxSeqs: 1, CtxPerSeq: 64})
+		require.NoError(t, err)
+		defer c.Close()
+		b := &engine.Batch{}
+		toks := tokens(t, m, "The capital of France is")
+		for i, tok := range toks {
+			b.Add(tok, i, i == len(toks)-1, 0)
+		}
+		require.NoError(t, c.Decode(context.Background(), b))
+		out, err := c.Logits(len(b.Entries)-1, nil)
+		require.NoError(t, err)
+		assert.Error(t, m.Unload(), "a context is open")
+		assert.True(t, m.Loaded())
+		return out
+	}
+	want := logits()
+	require.NoError(t, m.Unload())
+	assert.False(t, m.Loaded())
+	require.NoError(t, m.Unload(), "unloading twice is a no-op")
+	assert.Equal(t, want, logits(), "loaded back: the same model")
+
+	require.NoError(t, m.Unload())
+	_, err = m.Tokenize("hello", false, false)
+	require.NoError(t, err)
+	assert.True(t, m.Loaded(), "a tokenization loads it back")
+
+	require.NoError(t, m.Close())
+	_, err = m.Tokenize("hello", false, false)
+	assert.ErrorIs(t, err, engine.ErrClosed)
+	assert.NoError(t, m.Unload())
+}
+
+// TestUnloadRacesTokenize: calls that need the weights never see them
+// freed under them (run with -race; a use after free would crash).
+func TestUnloadRacesTokenize(t *testing.T) {
+	m, err := Load(realModelPath(t), Options{Threads: 1})
+	require.NoError(t, err)
+	defer m.Close()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for range 20 {
+				toks, err := m.Tokenize("The capital of France is", false, false)
+				assert.NoError(t, err)
+				assert.NotEmpty(t, toks)
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 5 {
+			assert.NoError(t, m.Unload())
+			time.Sleep(time.Millisecond)
+		}
+	})
+	wg.Wait()
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+)
+
+// planUbatch is the most tokens of one forward pass: the decoder's default
+// batch, which engine/llamacpp also caps its graphs at.
+const planUbatch = 512
+
+// memoryPlan is how a --memory-mb budget is spent, in bytes.
+type memoryPlan struct {
+	Weights int64 // the model's tensors, mapped from the file
+	Compute int64 // llama.cpp's scratch for one forward pass (estimate)
+	Cache   int64 // --kv-cache-mb, the prefix cache's host memory
+	KV      int64 // the context's K and V: Sequences × ctx positions
+	// Sequences is how many passage sequences of --ctx positions the
+	// context holds: --max-passages, or fewer when the budget says so.
+	Sequences int
+}
+
+// planMemory sizes the decoder's context to a budget:
+//
+//	KV room   = budget − weights − compute − prefix cache
+//	sequences = min(maxPassages, ⌊KV room / (ctx × KV bytes per token)⌋)
+//
+// with KV bytes per token = layers × KV heads × (K + V head dims) × 2
+// (f16), and compute = ubatch × (vocab + heads × ctx) × 4: the logits of
+// a full pass and one layer's attention scores (no flash attention),
+// which bound llama.cpp's compute buffer from above (98 MiB measured for
+// SmolLM2-135M at ctx 1024 against 114 MiB estimated). The Go runtime,
+// the index and an embedding model are not counted.
+func planMemory(budget int64, fp llamacpp.Footprint, ctx, maxPassages int, cache int64) (memoryPlan, error) {
+	p := memoryPlan{
+		Weights: fp.Weights,
+		Compute: int64(planUbatch) * int64(fp.Vocab+fp.Heads*ctx) * 4,
+		Cache:   cache,
+	}
+	perSeq := int64(ctx) * fp.KVPerToken
+	room := budget - p.Weights - p.Compute - p.Cache
+	p.Sequences = int(min(int64(maxPassages), max(room, 0)/perSeq))
+	if p.Sequences < 1 {
+		need := p.Weights + p.Compute + p.Cache + perSeq
+		return p, fmt.Errorf("--memory-mb %d cannot hold one passage sequence: the weights take %d MiB, compute %d MiB, --kv-cache-mb %d MiB and one sequence of --ctx %d positions %d MiB (%d bytes per position); give at least --memory-mb %d, or lower --ctx or --kv-cache-mb",
+			budget>>20, mib(p.Weights), mib(p.Compute), mib(p.Cache), ctx, mib(perSeq), fp.KVPerToken, mib(need))
+	}
+	p.KV = int64(p.Sequences) * perSeq
+	return p, nil
+}
+
+// mib rounds bytes up to MiB.
+func mib(b int64) int64 { return (b + 1<<20 - 1) >> 20 }
+
+// defaultThreads is --threads' default. Phones have big.LITTLE CPUs,
+// whose cores differ in top frequency: there the daemon uses the cores
+// faster than the slowest cluster (the prime and performance cores: a
+// thread on a little core makes every pass wait for it), leaving at least
+// one core to the phone's own work. On a CPU whose cores are alike, or
+// whose frequencies sysfs does not show (VMs), one thread, as before:
+// the benchmarks pin each daemon to a core.
+func defaultThreads(cpuDir string, ncpu int) int {
+	paths, _ := filepath.Glob(filepath.Join(cpuDir, "cpu[0-9]*", "cpufreq", "cpuinfo_max_freq"))
+	var freqs []int64
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // an offline core
+		}
+		if f, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && f > 0 {
+			freqs = append(freqs, f)
+		}
+	}
+	if len(freqs) < 2 {
+		return 1
+	}
+	slowest := freqs[0]
+	for _, f := range freqs {
+		slowest = min(slowest, f)
+	}
+	big := 0
+	for _, f := range freqs {
+		if f > slowest {
+			big++
+		}
+	}
+	if big == 0 {
+		return 1
+	}
+	return max(1, min(big, min(ncpu, len(freqs))-1))
+}
+
+// registerResidentMemory exports the daemon's resident memory, now and
+// at its peak, from /proc/self/status (VmRSS, VmHWM): what a phone's
+// low-memory killer looks at. The peak includes the weights' mapped
+// pages that were read.
+func registerResidentMemory(reg prometheus.Registerer, status string) {
+	read := func(key string) func() float64 {
+		return func() float64 {
+			v, err := statusKB(status, key)
+			if err != nil {
+				return 0
+			}
+			return float64(v) * 1024
+		}
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dragon_resident_memory_bytes", Help: "Resident memory of the daemon (VmRSS), mapped model pages included."}, read("VmRSS")),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dragon_resident_memory_peak_bytes", Help: "Peak resident memory of the daemon since it started (VmHWM)."}, read("VmHWM")),
+	)
+}
+
+// statusKB reads one "Key:   N kB" line of a /proc/PID/status file.
+func statusKB(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("resident memory: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || k != key {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("resident memory: %s in %s: %w", key, path, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("resident memory: no %s in %s", key, path)
+}

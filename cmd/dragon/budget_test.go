@@ -1,0 +1,149 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/internal/testmodel"
+)
+
+// smol is SmolLM2-135M-Instruct Q8_0's footprint (engine/llamacpp's
+// TestFootprint reads it from the file).
+var smol = llamacpp.Footprint{Weights: 143_025_984, KVPerToken: 23_040, Vocab: 49_152, Heads: 9}
+
+func TestPlanMemory(t *testing.T) {
+	// Compute at ctx 1024: 512 × (49152 + 9·1024) × 4 = 119,537,664 bytes.
+	const compute = 119_537_664
+	perSeq := int64(1024 * 23_040)
+	fixed := smol.Weights + compute
+	cases := []struct {
+		name        string
+		budget      int64
+		maxPassages int
+		cache       int64
+		want        int // sequences; 0: an error
+	}{
+		{"room for all", fixed + 8*perSeq, 8, 0, 8},
+		{"room for three", fixed + 3*perSeq + perSeq/2, 8, 0, 3},
+		{"exactly one", fixed + perSeq, 8, 0, 1},
+		{"one byte short", fixed + perSeq - 1, 8, 0, 0},
+		{"the prefix cache counts", fixed + 3*perSeq, 8, perSeq, 2},
+		{"less than the weights", 64 << 20, 8, 0, 0},
+		{"max-passages caps", fixed + 100*perSeq, 4, 0, 4},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, err := planMemory(c.budget, smol, 1024, c.maxPassages, c.cache)
+			if c.want == 0 {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "cannot hold one passage sequence")
+				assert.Contains(t, err.Error(), fmt.Sprintf("at least --memory-mb %d", mib(fixed+c.cache+perSeq)))
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, c.want, p.Sequences)
+			assert.Equal(t, int64(compute), p.Compute)
+			assert.Equal(t, int64(c.want)*perSeq, p.KV)
+			assert.LessOrEqual(t, p.Weights+p.Compute+p.Cache+p.KV, c.budget)
+		})
+	}
+}
+
+// cpuTree writes a fake /sys/devices/system/cpu: one cpuinfo_max_freq per
+// core ("" leaves the core without cpufreq, "x" writes garbage).
+func cpuTree(t *testing.T, freqs ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for i, f := range freqs {
+		d := filepath.Join(dir, fmt.Sprintf("cpu%d", i), "cpufreq")
+		require.NoError(t, os.MkdirAll(d, 0o755))
+		if f != "" {
+			require.NoError(t, os.WriteFile(filepath.Join(d, "cpuinfo_max_freq"), []byte(f+"\n"), 0o644))
+		}
+	}
+	// Entries that are not cores.
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "cpufreq", "policy0"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "cpuidle"), 0o755))
+	return dir
+}
+
+func TestDefaultThreads(t *testing.T) {
+	rep := func(n int, f string) []string { return strings.Split(strings.Repeat(f+" ", n)[:n*(len(f)+1)-1], " ") }
+	cat := func(parts ...[]string) []string {
+		var out []string
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	cases := []struct {
+		name  string
+		freqs []string
+		ncpu  int
+		want  int
+	}{
+		{"a VM without cpufreq", nil, 2, 1},
+		{"cpufreq dirs without max freq", rep(4, ""), 4, 1},
+		{"homogeneous 8 cores", rep(8, "2400000"), 8, 1},
+		{"4 big + 4 little", cat(rep(4, "1800000"), rep(4, "2800000")), 8, 4},
+		{"1 prime + 3 big + 4 little", cat(rep(4, "1800000"), rep(3, "2400000"), rep(1, "3200000")), 8, 4},
+		{"2 big + 6 little", cat(rep(6, "2000000"), rep(2, "2600000")), 8, 2},
+		{"7 big + 1 little leaves a core", cat(rep(1, "1000000"), rep(7, "2000000")), 8, 7},
+		{"1 big + 1 little", []string{"1000000", "2000000"}, 2, 1},
+		{"an unreadable core is skipped", cat([]string{"x"}, rep(2, "1800000"), rep(2, "2800000")), 5, 2},
+		{"affinity narrower than the CPU", cat(rep(4, "1800000"), rep(4, "2800000")), 3, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, defaultThreads(cpuTree(t, c.freqs...), c.ncpu))
+		})
+	}
+	assert.Equal(t, 1, defaultThreads(filepath.Join(t.TempDir(), "missing"), 8))
+}
+
+func TestResidentMemoryMetrics(t *testing.T) {
+	status := filepath.Join(t.TempDir(), "status")
+	require.NoError(t, os.WriteFile(status, []byte("Name:\tdragon\nVmPeak:\t  900000 kB\nVmHWM:\t  412345 kB\nVmRSS:\t  301000 kB\nThreads:\t9\n"), 0o644))
+	reg := prometheus.NewRegistry()
+	registerResidentMemory(reg, status)
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	want := `
+# HELP dragon_resident_memory_bytes Resident memory of the daemon (VmRSS), mapped model pages included.
+# TYPE dragon_resident_memory_bytes gauge
+dragon_resident_memory_bytes 3.08224e+08
+# HELP dragon_resident_memory_peak_bytes Peak resident memory of the daemon since it started (VmHWM).
+# TYPE dragon_resident_memory_peak_bytes gauge
+dragon_resident_memory_peak_bytes 4.2224128e+08
+`
+	assert.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want)))
+
+	_, err = statusKB(status, "VmSwap")
+	assert.ErrorContains(t, err, "no VmSwap")
+	live, err := statusKB("/proc/self/status", "VmRSS")
+	require.NoError(t, err)
+	assert.Positive(t, live)
+}
+
+// TestMemoryBudgetTooSmall: a budget that cannot hold one passage sequence
+// stops the device daemon at start-up, saying what would fit.
+func TestMemoryBudgetTooSmall(t *testing.T) {
+	cmd := newDeviceCmd()
+	cmd.SetArgs([]string{"--model", testmodel.Path(t), "--index", "", "--cloud", "", "--profile", "", "--kv-cache-mb", "0",
+		"--listen", "127.0.0.1:0", "--http", "", "--memory-mb", "200"})
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err := cmd.Execute()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "--memory-mb 200 cannot hold one passage sequence")
+	assert.Contains(t, err.Error(), "at least --memory-mb 273")
+}
