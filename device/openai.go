@@ -414,9 +414,9 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
-// usage counts a request's tokens. It tokenizes, so it runs while the generation holds the model (on its
-// summary): afterwards an idle unload may have freed it, and tokenizing
-// would load it back for nothing.
+// usage counts a request's tokens. It tokenizes, so it runs while the
+// generation still holds the model (on its summary): afterwards an idle
+// unload may have freed it, and tokenizing would load it back for nothing.
 func (o *OpenAI) usage(g *dragonv1.GenerateRequest, completion int) usage {
 	n := 0
 	texts := []string{g.GetSystem(), g.GetPrompt()}
