@@ -427,6 +427,39 @@ func (f *failing) breakNow() {
 	}
 }
 
+// runCloudFailing runs a device session with fallback against a cloud
+// session, calls breakLink at the device's eighth token, and returns the
+// device's summary, the step it fell back at and why.
+func runCloudFailing(t *testing.T, devConn, cloudConn Conn, stall time.Duration, breakLink func()) (Summary, int, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
+		_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, cloudConn, nil)
+	}()
+	fellBackAt := -1
+	var why error
+	opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
+		Fallback: true, StallTimeout: stall, OnFallback: func(step int, err error) { fellBackAt, why = step, err }}
+	dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, devConn, func(step int, _ engine.Token) (bool, error) {
+		if step == 7 {
+			breakLink()
+		}
+		return false, nil
+	})
+	require.NoError(t, err)
+	if c, ok := devConn.(interface{ Close() }); ok {
+		c.Close() // the cloud's receive ends
+	}
+	cancel()
+	wg.Wait()
+	return dev, fellBackAt, why
+}
+
 // TestDeviceFinishesAloneWhenTheCloudFails: the cloud dies or goes silent
 // after 8 tokens; the device keeps the tokens already decided and
 // finishes the answer alone, saying so.
@@ -436,27 +469,7 @@ func TestDeviceFinishesAloneWhenTheCloudFails(t *testing.T) {
 	for _, partition := range []bool{false, true} {
 		a, b := Pipe()
 		cloudConn := &failing{PipeEnd: b, partition: partition}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
-			_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, cloudConn, nil)
-		}()
-		fellBackAt := -1
-		opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
-			Fallback: true, StallTimeout: 200 * time.Millisecond, OnFallback: func(step int, _ error) { fellBackAt = step }}
-		dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, a, func(step int, _ engine.Token) (bool, error) {
-			if step == 7 {
-				cloudConn.breakNow()
-			}
-			return false, nil
-		})
-		require.NoError(t, err, "partition %v", partition)
-		a.Close()
-		cancel()
-		wg.Wait()
+		dev, fellBackAt, _ := runCloudFailing(t, a, cloudConn, 200*time.Millisecond, cloudConn.breakNow)
 		assert.True(t, dev.Fallback, "partition %v", partition)
 		assert.Equal(t, dev.FallbackAt, fellBackAt)
 		require.GreaterOrEqual(t, dev.FallbackAt, 8, "the tokens decided together")
@@ -503,27 +516,7 @@ func (c *endingConn) end() {
 func TestFallbackSaysWhyTheCloudEndedTheStream(t *testing.T) {
 	a, b := Pipe()
 	devConn := &endingConn{PipeEnd: a, peer: b}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		opts := Options{Self: aggregator.Cloud, SessionID: 1, MaxTokens: 40, PingEvery: 5 * time.Millisecond}
-		_, _ = Run(ctx, opts, newDecoder(t, aggregator.Cloud, false), query, cloudPassages, b, nil)
-	}()
-	var why error
-	opts := Options{Self: aggregator.Device, SessionID: 1, Owner: true, MaxTokens: 40, PingEvery: 5 * time.Millisecond,
-		Fallback: true, StallTimeout: 10 * time.Second, OnFallback: func(_ int, err error) { why = err }}
-	dev, err := Run(ctx, opts, newDecoder(t, aggregator.Device, true), query, devicePassages, devConn, func(step int, _ engine.Token) (bool, error) {
-		if step == 7 {
-			devConn.end()
-		}
-		return false, nil
-	})
-	require.NoError(t, err)
-	cancel()
-	wg.Wait()
+	dev, _, why := runCloudFailing(t, devConn, b, 10*time.Second, devConn.end)
 	assert.True(t, dev.Fallback)
 	require.Error(t, why)
 	assert.Equal(t, codes.Unavailable, status.Code(why), "the fallback reason: %v", why)
