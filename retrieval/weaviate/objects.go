@@ -105,29 +105,12 @@ func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, erro
 
 // Existing returns which of the passage ids are stored.
 func (c *Client) Existing(ctx context.Context, pids []uint64) (map[uint64]bool, error) {
-	out := make(map[uint64]bool, len(pids))
-	if len(pids) == 0 {
-		return out, nil
-	}
-	cons, err := c.readConsistency(ctx)
+	objs, err := c.byPIDs(ctx, pids, "pid")
 	if err != nil {
 		return nil, err
 	}
-	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { pid } } }`,
-		c.cfg.Collection, pidList(pids), len(pids), cons)
-	var data struct {
-		Get map[string][]struct {
-			PID string `json:"pid"`
-		}
-	}
-	if err := c.graphQL(ctx, q, &data); err != nil {
-		return nil, err
-	}
-	for _, o := range data.Get[c.cfg.Collection] {
-		p, err := strconv.ParseUint(o.PID, 16, 64)
-		if err != nil {
-			return nil, fmt.Errorf("weaviate: bad pid %q in %s", o.PID, c.cfg.Collection)
-		}
+	out := make(map[uint64]bool, len(objs))
+	for p := range objs {
 		out[p] = true
 	}
 	return out, nil

@@ -86,6 +86,11 @@ func (c *Client) candidates(ctx context.Context, q string, score func(additional
 // Fetch returns the stored passages among pids (without vectors), by
 // passage id, in one request.
 func (c *Client) Fetch(ctx context.Context, pids []uint64) (map[uint64]Object, error) {
+	return c.byPIDs(ctx, pids, "pid source start end tokens text meta terms")
+}
+
+// byPIDs gets the fields of the stored passages among pids.
+func (c *Client) byPIDs(ctx context.Context, pids []uint64, fields string) (map[uint64]Object, error) {
 	out := make(map[uint64]Object, len(pids))
 	if len(pids) == 0 {
 		return out, nil
@@ -94,8 +99,8 @@ func (c *Client) Fetch(ctx context.Context, pids []uint64) (map[uint64]Object, e
 	if err != nil {
 		return nil, err
 	}
-	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { pid source start end tokens text meta terms } } }`,
-		c.cfg.Collection, pidList(pids), len(pids), cons)
+	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { %s } } }`,
+		c.cfg.Collection, pidList(pids), len(pids), cons, fields)
 	var data struct {
 		Get map[string][]wireProps
 	}
