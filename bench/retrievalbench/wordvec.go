@@ -1,8 +1,11 @@
 package retrievalbench
 
 import (
+	"bytes"
 	"context"
+	"encoding/gob"
 	"fmt"
+	"os"
 	"math"
 	"slices"
 	"strings"
@@ -30,12 +33,7 @@ type WordMeanEmbedder struct {
 // punctuation trimmed) with model. Words outside them are left out of a
 // text's mean.
 func NewWordMeanEmbedder(ctx context.Context, model retrieval.Embedder, words []string) (*WordMeanEmbedder, error) {
-	e := &WordMeanEmbedder{vecs: make(map[string][]float32, len(words)), whole: model}
-	if f, ok := model.(retrieval.Fingerprinter); ok {
-		e.model = f.Fingerprint()
-	} else {
-		e.model = fmt.Sprintf("%T", model)
-	}
+	e := &WordMeanEmbedder{vecs: make(map[string][]float32, len(words)), model: fingerprint(model), whole: model}
 	var batch []string
 	flush := func() error {
 		if len(batch) == 0 {
@@ -73,6 +71,50 @@ func NewWordMeanEmbedder(ctx context.Context, model retrieval.Embedder, words []
 		return nil, fmt.Errorf("retrievalbench: no words to embed")
 	}
 	return e, nil
+}
+
+// wordTable is a WordMeanEmbedder on disk.
+type wordTable struct {
+	Model string
+	Vecs  map[string][]float32
+}
+
+// Save writes the word vectors to path.
+func (e *WordMeanEmbedder) Save(path string) error {
+	var b bytes.Buffer
+	if err := gob.NewEncoder(&b).Encode(wordTable{Model: e.model, Vecs: e.vecs}); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
+}
+
+// LoadWordMeanEmbedder reads word vectors Save wrote for model, which
+// still embeds the texts none of whose words are known.
+func LoadWordMeanEmbedder(path string, model retrieval.Embedder) (*WordMeanEmbedder, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var t wordTable
+	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&t); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	e := &WordMeanEmbedder{vecs: t.Vecs, model: fingerprint(model), whole: model}
+	if t.Model != e.model || len(t.Vecs) == 0 {
+		return nil, fmt.Errorf("%s: word vectors of %q, not of %q", path, t.Model, e.model)
+	}
+	for _, v := range t.Vecs {
+		e.dims = len(v)
+		break
+	}
+	return e, nil
+}
+
+func fingerprint(e retrieval.Embedder) string {
+	if f, ok := e.(retrieval.Fingerprinter); ok {
+		return f.Fingerprint()
+	}
+	return fmt.Sprintf("%T", e)
 }
 
 // Words is how many words have vectors.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -31,6 +32,13 @@ func (a *axisEmbedder) Embed(_ context.Context, texts []string) ([][]float32, er
 	return out, nil
 }
 
+type namedEmbedder struct {
+	*axisEmbedder
+	name string
+}
+
+func (n namedEmbedder) Fingerprint() string { return n.name }
+
 func TestWordMeanEmbedder(t *testing.T) {
 	model := &axisEmbedder{axes: map[string]int{"cat": 0, "dog": 1, "sea": 2, "a whole text": 3}}
 	e, err := NewWordMeanEmbedder(t.Context(), model, []string{"Cat", "cat.", "dog", "sea"})
@@ -46,6 +54,17 @@ func TestWordMeanEmbedder(t *testing.T) {
 	assert.InDeltaSlice(t, want, vs[0], 1e-6)
 	assert.Equal(t, []float32{0, 0, 1, 0}, vs[1])
 	assert.Equal(t, []float32{0, 0, 0, 1}, vs[2], "a text with no known word is embedded whole")
+
+	path := filepath.Join(t.TempDir(), "words")
+	require.NoError(t, e.Save(path))
+	loaded, err := LoadWordMeanEmbedder(path, model)
+	require.NoError(t, err)
+	assert.Equal(t, e.Fingerprint(), loaded.Fingerprint())
+	again, err := loaded.Embed(t.Context(), []string{"The cat, the CAT and the dog!", "sea", "a whole text"})
+	require.NoError(t, err)
+	assert.Equal(t, vs, again)
+	_, err = LoadWordMeanEmbedder(path, namedEmbedder{model, "another"})
+	assert.ErrorContains(t, err, "word vectors of", "another model's words")
 
 	_, err = NewWordMeanEmbedder(t.Context(), model, []string{"...", ""})
 	assert.Error(t, err, "no words")

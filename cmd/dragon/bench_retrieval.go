@@ -158,7 +158,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				if err != nil {
 					return err
 				}
-				vectors, closeV, err := scaleEmbedder(ctx, scaleVectors, m, passages, threads, logf)
+				vectors, closeV, err := scaleEmbedder(ctx, scaleVectors, m, passages, threads, keep, logf)
 				if err != nil {
 					return err
 				}
@@ -217,7 +217,8 @@ const scaleWords = 20_000
 // scaleEmbedder gives the scale run's vectors: no model embeds millions of
 // passages here, so either each passage's words' MiniLM vectors, averaged,
 // or random unit vectors.
-func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []string, threads int, logf func(string, ...any)) (retrieval.Embedder, func(), error) {
+// With keep set the word vectors are kept there and read back next time.
+func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []string, threads int, keep string, logf func(string, ...any)) (retrieval.Embedder, func(), error) {
 	switch kind {
 	case "random":
 		return retrieval.RandomEmbedder{Dims: 384}, func() {}, nil
@@ -230,8 +231,20 @@ func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []stri
 		if err != nil {
 			return nil, nil, err
 		}
+		kept := filepath.Join(keep, fmt.Sprintf("word-vectors-%d", scaleWords))
+		if keep != "" {
+			if w, err := retrievalbench.LoadWordMeanEmbedder(kept, e); err == nil {
+				logf("scale vectors: %d words read from %s", w.Words(), kept)
+				return w, closeE, nil
+			}
+		}
 		t0 := time.Now()
 		w, err := retrievalbench.NewWordMeanEmbedder(ctx, e, model.Frequent(scaleWords))
+		if err == nil && keep != "" {
+			if err = os.MkdirAll(keep, 0o755); err == nil {
+				err = w.Save(kept)
+			}
+		}
 		if err != nil {
 			closeE()
 			return nil, nil, err
