@@ -14,9 +14,23 @@
 # share its pass, and the engine's exactness (cached = uncached, batched =
 # alone) needs it not to (docs/DESIGN-NOTES.md).
 #
+# ARCH=arm64 cross-builds for linux/arm64 (make device-arm64, into
+# build/llama-arm64) with Debian's aarch64-linux-gnu compilers: NEON and
+# the dot-product instructions (-march=armv8.2-a+dotprod), nothing newer,
+# so it runs on any ARMv8.2 core with dotprod (Cortex-A55/A75 and later,
+# i.e. phones since about 2018, a Raspberry Pi 5, a Jetson Orin, Graviton
+# 2+). Two choices there keep its arithmetic close to the x86 build's:
+# no +fp16 (with it ggml's f16 vector code accumulates in f16, where x86
+# converts to f32), and ggml's weight repacking off (GGML_CPU_REPACK; x86
+# never repacks Q8_0, ARM does, for a 4-row GEMM: with it, 12 rows decoded
+# in one pass differed from the same rows decoded one by one by up to 0.99
+# in a logit under qemu, without it not at all, and the decoder's
+# batched = alone invariant of docs/DESIGN-NOTES.md needs the latter).
+#
 # A no-op when OUT/BUILD records this very source and these flags.
 set -euo pipefail
 out=${1:-build/llama}
+arch=${ARCH:-amd64}
 pkg=llama-cpp-python
 ver=0.3.36
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
@@ -35,8 +49,30 @@ flags=(
   -DLLAMA_BUILD_SERVER=OFF
   -DLLAMA_BUILD_TOOLS=ON
 )
+cxx=c++
+case $arch in
+amd64) ;;
+arm64)
+  # Cross-compiling: GGML_NATIVE would probe this x86 host, so it is off
+  # and the ARM target is named instead.
+  cxx=aarch64-linux-gnu-g++
+  flags=(
+    "${flags[@]/-DGGML_NATIVE=*/-DGGML_NATIVE=OFF}"
+    -DCMAKE_SYSTEM_NAME=Linux
+    -DCMAKE_SYSTEM_PROCESSOR=aarch64
+    -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc
+    -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++
+    -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod
+    -DGGML_CPU_REPACK=OFF
+  )
+  ;;
+*)
+  echo "error: ARCH=$arch: amd64 or arm64" >&2
+  exit 1
+  ;;
+esac
 want="$pkg==$ver sha256:$sha ${flags[*]}"
-if [ "${GGML_NATIVE:-ON}" = ON ]; then
+if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
   # carried to another machine is rebuilt, and the engine's build id (the
   # record's hash, which KV caches key on) tells the two apart.
@@ -49,7 +85,7 @@ fi
 if [ -f "$out/BUILD" ] && [ "$(cat "$out/BUILD")" = "$want" ] && { [ "${LLAMA_BENCH:-0}" != 1 ] || [ -x "$out/bin/llama-bench" ]; }; then
   exit 0
 fi
-for tool in cmake c++ python3; do
+for tool in cmake "$cxx" python3; do
   command -v "$tool" >/dev/null || { echo "error: $tool is needed to build llama.cpp (make deps installs it)" >&2; exit 1; }
 done
 

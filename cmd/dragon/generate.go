@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -20,7 +21,7 @@ func newGenerateCmd() *cobra.Command {
 	var (
 		modelPath, prompt, system  string
 		threads, maxTokens, ctxLen int
-		raw                        bool
+		raw, asJSON                bool
 		sp                         sampling.Params
 	)
 	cmd := &cobra.Command{
@@ -72,6 +73,7 @@ func newGenerateCmd() *cobra.Command {
 			history := append([]engine.Token(nil), toks...)
 			row := b.Len() - 1
 			n := 0
+			enc := json.NewEncoder(out)
 			decodeStart := time.Now()
 			for ; n < maxTokens; n++ {
 				if logits, err = c.Logits(row, logits); err != nil {
@@ -79,10 +81,23 @@ func newGenerateCmd() *cobra.Command {
 				}
 				probs = sp.Dist(logits, history, probs)
 				t := sampling.Draw(probs, rng)
-				if m.IsEOG(t) {
+				eog := m.IsEOG(t)
+				if asJSON {
+					// The end-of-generation token is written too: which
+					// step a build stops at is part of what it decided.
+					g := newGeneratedToken(t, logits)
+					if g.EOG = eog; !eog {
+						g.Text = detok.Add(t)
+					}
+					if err := enc.Encode(g); err != nil {
+						return fmt.Errorf("write token: %w", err)
+					}
+				} else if !eog {
+					fmt.Fprint(out, detok.Add(t))
+				}
+				if eog {
 					break
 				}
-				fmt.Fprint(out, detok.Add(t))
 				history = append(history, t)
 				if c.SeqLen(0) >= ctxLen {
 					break
@@ -94,7 +109,9 @@ func newGenerateCmd() *cobra.Command {
 				}
 				row = 0
 			}
-			fmt.Fprintln(out, detok.Flush())
+			if !asJSON {
+				fmt.Fprintln(out, detok.Flush())
+			}
 			if n > 0 {
 				fmt.Fprintf(os.Stderr, "[%d prompt tokens, ttft %v, %d tokens at %.1f tok/s]\n", len(toks),
 					ttft.Round(time.Millisecond), n, float64(n)/time.Since(decodeStart).Seconds())
@@ -107,11 +124,37 @@ func newGenerateCmd() *cobra.Command {
 	f.StringVar(&prompt, "prompt", "", "the question")
 	f.StringVar(&system, "system", "", "optional system message")
 	f.BoolVar(&raw, "raw", false, "send the prompt as is, without the chat template")
+	f.BoolVar(&asJSON, "json", false, "write one JSON object per token, the end-of-generation one included (id, text, logit, the runner-up and its logit), instead of the text, to compare builds")
 	f.IntVar(&threads, "threads", 2, "compute threads")
 	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate")
 	f.IntVar(&ctxLen, "ctx", 2048, "context length")
 	addSamplingFlags(f, &sp)
 	return cmd
+}
+
+// generatedToken is one token of `dragon generate --json`. With the
+// runner-up's logit beside its own, two builds whose kernels round
+// differently (x86 and arm64) can be compared step by step: where they pick
+// different tokens, a margin (Logit - RunnerUpLogit) within the logits'
+// drift between the builds says why.
+type generatedToken struct {
+	ID            engine.Token `json:"id"`
+	Text          string       `json:"text"`
+	EOG           bool         `json:"eog,omitempty"` // the end of generation (no text)
+	Logit         float32      `json:"logit"`
+	RunnerUp      engine.Token `json:"runner_up"`
+	RunnerUpLogit float32      `json:"runner_up_logit"`
+}
+
+// newGeneratedToken describes t from the raw logits it was drawn from.
+func newGeneratedToken(t engine.Token, logits []float32) generatedToken {
+	g := generatedToken{ID: t, Logit: logits[t], RunnerUp: -1}
+	for i, l := range logits {
+		if engine.Token(i) != t && (g.RunnerUp < 0 || l > g.RunnerUpLogit) {
+			g.RunnerUp, g.RunnerUpLogit = engine.Token(i), l
+		}
+	}
+	return g
 }
 
 // addSamplingFlags registers the sampling parameters on a command.

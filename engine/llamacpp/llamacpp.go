@@ -7,12 +7,18 @@
 // KV cache; llama.cpp's log goes to slog.
 //
 // Build: `make deps` builds the libraries and headers into build/llama
-// (scripts/build-llama.sh); the Makefile sets the -march flags.
+// (scripts/build-llama.sh); the Makefile sets the -march flags. For
+// linux/arm64, `make device-arm64` cross-builds them into
+// build/llama-arm64, which the arm64 cgo lines name instead.
 package llamacpp
 
 /*
-#cgo CFLAGS: -std=c11 -I${SRCDIR}/../../build/llama/include
-#cgo LDFLAGS: -L${SRCDIR}/../../build/llama/lib -lllama -lggml -lggml-cpu -lggml-base -lstdc++ -lm -ldl -lpthread
+#cgo CFLAGS: -std=c11
+#cgo amd64 CFLAGS: -I${SRCDIR}/../../build/llama/include
+#cgo amd64 LDFLAGS: -L${SRCDIR}/../../build/llama/lib
+#cgo arm64 CFLAGS: -I${SRCDIR}/../../build/llama-arm64/include
+#cgo arm64 LDFLAGS: -L${SRCDIR}/../../build/llama-arm64/lib
+#cgo LDFLAGS: -lllama -lggml -lggml-cpu -lggml-base -lstdc++ -lm -ldl -lpthread
 #include <stdlib.h>
 #include "shim.h"
 */
