@@ -20,10 +20,12 @@ const AnalyzerName = "bleve-en/v1"
 // collection). The engine finds candidates (BM25 over the analyzed terms,
 // nearest vectors); ranking, fusion and R are computed here exactly as for
 // a local Index, so the two order passages alike and R stays on one scale.
+// The corpus statistics BM25 needs are remembered for statsTTL.
 type RemoteIndex struct {
 	store *weaviate.Client
 	emb   Embedder
 	spec  weaviate.Spec
+	stats *statsCache
 }
 
 var _ Searcher = (*RemoteIndex)(nil)
@@ -46,7 +48,7 @@ func OpenRemote(ctx context.Context, store *weaviate.Client, emb Embedder) (*Rem
 	if emb != nil && spec.Embedder != "" && embedderID(emb) != spec.Embedder {
 		return nil, fmt.Errorf("%w: %s holds vectors of %q, not of %q", ErrEmbedder, store, spec.Embedder, embedderID(emb))
 	}
-	return &RemoteIndex{store: store, emb: emb, spec: spec}, nil
+	return &RemoteIndex{store: store, emb: emb, spec: spec, stats: newStatsCache()}, nil
 }
 
 // Ready reports whether the engine answers.
@@ -90,7 +92,7 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			st, stErr = r.store.DocFreqs(ctx, unique)
+			st, stErr = r.stats.stats(ctx, unique, r.store.DocFreqs)
 		}()
 		go func() {
 			defer wg.Done()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,9 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 	}
 	// The reference: exact BM25 (bleve) and exact dense search (a scan of
 	// every vector), fused by the same RRF.
+	// What earlier work left for the collector would make the index's
+	// share look smaller, even negative.
+	debug.FreeOSMemory()
 	before := selfRSS()
 	exact, buildS, err := referenceIndex(ctx, o)
 	if err != nil {
