@@ -25,16 +25,20 @@ const statsCacheMax = 100_000
 type statsCache struct {
 	now func() time.Time
 
-	mu       sync.Mutex
-	total    weaviate.Stats // Passages and Terms only
-	totalAt  time.Time
-	df       map[string]int
-	dfAt     map[string]time.Time
-	requests int // DocFreqs calls made, for tests
+	mu      sync.Mutex
+	total   weaviate.Stats // Passages and Terms only
+	totalAt time.Time
+	df      map[string]counted
+}
+
+// counted is a term's document frequency and when it was counted.
+type counted struct {
+	n  int
+	at time.Time
 }
 
 func newStatsCache() *statsCache {
-	return &statsCache{now: time.Now, df: map[string]int{}, dfAt: map[string]time.Time{}}
+	return &statsCache{now: time.Now, df: map[string]counted{}}
 }
 
 // stats returns the statistics for terms, asking fetch only for the
@@ -45,8 +49,8 @@ func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(conte
 	c.mu.Lock()
 	now := c.now()
 	for _, t := range terms {
-		if at, ok := c.dfAt[t]; ok && now.Sub(at) <= statsTTL {
-			out.DocFreq[t] = c.df[t]
+		if d, ok := c.df[t]; ok && now.Sub(d.at) <= statsTTL {
+			out.DocFreq[t] = d.n
 		} else {
 			missing = append(missing, t)
 		}
@@ -65,14 +69,13 @@ func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(conte
 	out.Passages, out.Terms = st.Passages, st.Terms
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.requests++
 	if len(c.df)+len(missing) > statsCacheMax {
-		c.df, c.dfAt = map[string]int{}, map[string]time.Time{}
+		c.df = map[string]counted{}
 	}
 	c.total, c.totalAt = weaviate.Stats{Passages: st.Passages, Terms: st.Terms}, now
 	for _, t := range missing {
 		out.DocFreq[t] = st.DocFreq[t]
-		c.df[t], c.dfAt[t] = st.DocFreq[t], now
+		c.df[t] = counted{st.DocFreq[t], now}
 	}
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dragon-rag/dragon/internal/procstatus"
 	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
@@ -286,22 +287,10 @@ func measure(ctx context.Context, s retrieval.Searcher, mode retrieval.Mode, que
 // selfRSS is this process's resident set in bytes (0 where /proc is not).
 func selfRSS() int64 { return rssOf(os.Getpid()) }
 
-// rssOf reads VmRSS of a process from /proc.
+// rssOf is a process's resident set in bytes (0 where /proc is not).
 func rssOf(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
+	kb, _ := procstatus.KB(procstatus.Of(pid), "VmRSS")
+	return kb << 10
 }
 
 // ScriptCluster is a cluster started by deploy/weaviate/cluster.sh.

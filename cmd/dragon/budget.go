@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/internal/procstatus"
 )
 
 // planUbatch is the most tokens of one forward pass: the decoder's default
@@ -106,7 +105,7 @@ func defaultThreads(cpuDir string, ncpu int) int {
 func registerResidentMemory(reg prometheus.Registerer, status string) {
 	read := func(key string) func() float64 {
 		return func() float64 {
-			v, err := statusKB(status, key)
+			v, err := procstatus.KB(status, key)
 			if err != nil {
 				return 0
 			}
@@ -117,25 +116,4 @@ func registerResidentMemory(reg prometheus.Registerer, status string) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dragon_resident_memory_bytes", Help: "Resident memory of the daemon (VmRSS), mapped model pages included."}, read("VmRSS")),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dragon_resident_memory_peak_bytes", Help: "Peak resident memory of the daemon since it started (VmHWM)."}, read("VmHWM")),
 	)
-}
-
-// statusKB reads one "Key:   N kB" line of a /proc/PID/status file.
-func statusKB(path, key string) (int64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("resident memory: %w", err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || k != key {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("resident memory: %s in %s: %w", key, path, err)
-		}
-		return n, nil
-	}
-	return 0, fmt.Errorf("resident memory: no %s in %s", key, path)
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/internal/procstatus"
 	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/retrieval"
@@ -169,7 +170,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	s.limits = session.Limits{MaxTokens: f.limitToks, MaxPassages: f.maxPassages, MaxPrompt: f.maxPrompt}
 	s.registry = prometheus.NewRegistry()
 	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerResidentMemory(s.registry, "/proc/self/status")
+	registerResidentMemory(s.registry, procstatus.Self)
 	s.metrics = session.NewMetrics(s.registry)
 	if s.decoder.Cache, err = f.kvCache.open(f.model, s.registry, log); err != nil {
 		s.close()
