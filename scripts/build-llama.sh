@@ -9,10 +9,15 @@
 # package and checked against a SHA-256. GGML_NATIVE=OFF builds for
 # x86-64-v3 (AVX2, FMA, F16C, BMI2) instead of this machine's CPU.
 #
-# llamafile's matrix kernels are off (LLAMAFILE=ON turns them on, as
-# upstream's default): with them a row's result depends on how many rows
-# share its pass, and the engine's exactness (cached = uncached, batched =
-# alone) needs it not to (docs/DESIGN-NOTES.md).
+# llamafile's matrix kernels (tinyBLAS) are on for x86 (LLAMAFILE=OFF
+# turns them off), with their one-row guard narrowed to the weights' types
+# (SGEMM_EVERY_PASS=ON, the default; OFF keeps upstream's guard, as make
+# llama-upstream does): upstream hands one-row passes to ggml's own dot
+# products, which sum attention's F16 products in another order than
+# tinyBLAS, so a row's result depended on how many rows shared its pass,
+# and the engine's exactness (cached = uncached, batched = alone) needs it
+# not to. For Q8_0 weights the two kernels are the same arithmetic, so
+# weights keep ggml's faster one-row dot product (docs/DESIGN-NOTES.md).
 #
 # ARCH=arm64 cross-builds for linux/arm64 (make device-arm64, into
 # build/llama-arm64) with Debian's aarch64-linux-gnu compilers: NEON and
@@ -42,7 +47,7 @@ flags=(
   -DBUILD_SHARED_LIBS=OFF
   -DGGML_NATIVE="${GGML_NATIVE:-ON}"
   -DGGML_OPENMP=OFF
-  -DGGML_LLAMAFILE="${LLAMAFILE:-OFF}"
+  -DGGML_LLAMAFILE="${LLAMAFILE:-ON}"
   -DLLAMA_CURL=OFF
   -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF
@@ -65,13 +70,20 @@ arm64)
     -DGGML_CPU_ARM_ARCH=armv8.2-a+dotprod
     -DGGML_CPU_REPACK=OFF
   )
+  # ARM's tinyBLAS refuses passes of under 4 or 8 rows by type, so
+  # llamafile on would split passes there as upstream's x86 split does.
+  flags=("${flags[@]/-DGGML_LLAMAFILE=*/-DGGML_LLAMAFILE=OFF}")
   ;;
 *)
   echo "error: ARCH=$arch: amd64 or arm64" >&2
   exit 1
   ;;
 esac
-want="$pkg==$ver sha256:$sha ${flags[*]}"
+every_pass=OFF
+if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_EVERY_PASS:-ON}" = ON ]; then
+  every_pass=ON
+fi
+want="$pkg==$ver sha256:$sha ${flags[*]} f16-sgemm-every-pass=$every_pass"
 if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
   # carried to another machine is rebuilt, and the engine's build id (the
@@ -100,6 +112,17 @@ if ! echo "$sha  $tarball" | sha256sum -c --status; then
 fi
 tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
+if [ "$every_pass" = ON ]; then
+  # tinyBLAS's guard against one-row passes, narrowed to the weights'
+  # types: attention's F16 products then take tinyBLAS at every pass size.
+  sgemm="$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+  if [ "$(grep -c '^    if (n < 2)$' "$sgemm")" != 1 ]; then
+    echo "error: $sgemm: the one-row guard is not where this script expects it" >&2
+    exit 1
+  fi
+  sed -i 's/^    if (n < 2)$/    if (n < 2 \&\& Atype != GGML_TYPE_F16)/' "$sgemm"
+  grep -q '^    if (n < 2 && Atype != GGML_TYPE_F16)$' "$sgemm" || { echo "error: $sgemm: the guard was not narrowed" >&2; exit 1; }
+fi
 
 echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2
 cmake -S "$lsrc" -B "$src/build" "${flags[@]}" >"$src/cmake.log" 2>&1 || { cat "$src/cmake.log" >&2; exit 1; }

@@ -103,7 +103,8 @@ func TestBatchRowsEqualOneByOne(t *testing.T) {
 		require.NoError(t, err)
 		got, err := batched.Logits(i, nil)
 		require.NoError(t, err)
-		assert.LessOrEqual(t, maxAbsDiff(got, want), 1e-3, "row %d", i)
+		// Bit for bit: every pass size goes through the same kernel.
+		assert.Zero(t, maxAbsDiff(got, want), "row %d", i)
 		assert.Equal(t, sampling.Argmax(want), sampling.Argmax(got), "argmax of row %d", i)
 	}
 }
