@@ -35,7 +35,8 @@ type Options struct {
 	CommitEvery int
 	// ExactDenseMax is the largest index whose dense search scans every
 	// vector (default DefaultExactDenseMax); larger ones use the HNSW
-	// graph. Negative: always the graph.
+	// graph, which is only built and kept while the index is larger.
+	// Negative: always the graph.
 	ExactDenseMax int
 	// ReadOnly opens an index for searching only (shared lock).
 	ReadOnly bool
@@ -90,8 +91,8 @@ type Index struct {
 	log  *slog.Logger
 	bm25 *bm25Index
 
-	// wmu serializes writers. The graph and passage maps change only with
-	// wmu held, so a writer may read them without mu.
+	// wmu serializes writers. The graph, vectors and passage maps change
+	// only with wmu held, so a writer may read them without mu.
 	wmu sync.Mutex
 	// mu guards the fields below against writers' changes while readers
 	// use them.
@@ -100,8 +101,8 @@ type Index struct {
 	passages map[uint64]*Passage
 	bySource map[string][]uint64
 	files    map[string]*fileRecord
-	graph    *hnsw.Graph[uint64]
-	vecs     map[uint64][]float32 // live passages' unit vectors (shared with graph)
+	graph    *hnsw.Graph[uint64]  // nil while the index is searched exactly
+	vecs     map[uint64][]float32 // live passages' unit vectors (shared with graph); nil if not dense
 	terms    int64                // analyzed terms in all passages, for BM25
 	closed   bool
 
@@ -171,7 +172,7 @@ func replaceable(dir string) error {
 	}
 	for _, e := range entries {
 		switch e.Name() {
-		case manifestFile, passagesFile, bleveDir, graphFile, filesFile:
+		case manifestFile, passagesFile, bleveDir, vectorsFile, graphFile, filesFile:
 			return nil
 		}
 	}
@@ -225,8 +226,8 @@ func create(dir string, opts Options) (*Index, error) {
 		files: map[string]*fileRecord{},
 	}
 	if man.Dense {
-		ix.graph = newGraph()
 		ix.vecs = map[uint64][]float32{}
+		ix.syncGraph()
 	}
 	if err := ix.persist(); err != nil {
 		b.close()
@@ -246,8 +247,8 @@ func ReadManifest(dir string) (Manifest, error) {
 	if err != nil {
 		return man, corrupt(dir, "unreadable manifest", err)
 	}
-	if man.Version != formatVersion {
-		return man, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d", man.Version, formatVersion), nil)
+	if man.Version != formatVersion && man.Version != formatGraphVectors {
+		return man, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d and %d", man.Version, formatGraphVectors, formatVersion), nil)
 	}
 	return man, nil
 }
@@ -318,42 +319,101 @@ func (ix *Index) load() error {
 	if !man.Dense {
 		return nil
 	}
-	if ix.graph, err = readGraph(filepath.Join(dir, graphFile)); err != nil {
-		return corrupt(dir, "unreadable dense graph", err)
-	}
-	if ix.graph.Len() != man.GraphNodes {
-		return corrupt(dir, fmt.Sprintf("dense graph holds %d vectors, manifest says %d", ix.graph.Len(), man.GraphNodes), nil)
-	}
-	if ix.graph.Len() > 0 && ix.graph.Dims() != man.Dims {
-		return corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", ix.graph.Dims(), man.Dims), nil)
-	}
-	ix.vecs = make(map[uint64][]float32, len(ix.passages))
-	for id := range ix.passages {
-		v, ok := ix.graph.Lookup(id)
-		if !ok {
-			return corrupt(dir, fmt.Sprintf("passage %d has no vector in the dense graph", id), nil)
+	// The vectors are in the graph's file while the index keeps a graph
+	// with nodes (in format 1, always), else in their own.
+	var g *hnsw.Graph[uint64]
+	if man.GraphNodes > 0 || man.Version == formatGraphVectors {
+		if g, err = ix.loadGraph(); err != nil {
+			return err
 		}
-		ix.vecs[id] = v
+		ix.vecs = make(map[uint64][]float32, len(ix.passages))
+		for id := range ix.passages {
+			v, ok := g.Lookup(id)
+			if !ok {
+				return corrupt(dir, fmt.Sprintf("passage %d has no vector in the dense graph", id), nil)
+			}
+			ix.vecs[id] = v
+		}
+	} else if err := ix.loadVectors(); err != nil {
+		return err
+	}
+	// An open with another ExactDenseMax than the last writer's may drop
+	// the graph (keeping the vectors it held) or build one.
+	if ix.needGraph(len(ix.vecs)) {
+		if g == nil {
+			g = ix.buildGraph()
+		}
+		ix.graph = g
 	}
 	return nil
 }
 
-// persist writes the graph, passages and file list, then the manifest.
-// Callers hold wmu.
+// loadVectors reads the vectors file and checks it against the passages.
+func (ix *Index) loadVectors() error {
+	dir, man := ix.dir, ix.man
+	vecs, dims, err := readVectors(filepath.Join(dir, vectorsFile))
+	if err != nil {
+		return corrupt(dir, "unreadable dense vectors", err)
+	}
+	if len(vecs) != man.Passages {
+		return corrupt(dir, fmt.Sprintf("%d dense vectors on disk, manifest says %d passages", len(vecs), man.Passages), nil)
+	}
+	if len(vecs) > 0 && dims != man.Dims {
+		return corrupt(dir, fmt.Sprintf("dense vectors have %d dimensions, manifest says %d", dims, man.Dims), nil)
+	}
+	for id := range ix.passages {
+		if vecs[id] == nil {
+			return corrupt(dir, fmt.Sprintf("passage %d has no dense vector", id), nil)
+		}
+	}
+	ix.vecs = vecs
+	return nil
+}
+
+// loadGraph reads the graph file and checks it against the manifest.
+func (ix *Index) loadGraph() (*hnsw.Graph[uint64], error) {
+	dir, man := ix.dir, ix.man
+	g, err := readGraph(filepath.Join(dir, graphFile))
+	if err != nil {
+		return nil, corrupt(dir, "unreadable dense graph", err)
+	}
+	if g.Len() != man.GraphNodes {
+		return nil, corrupt(dir, fmt.Sprintf("dense graph holds %d vectors, manifest says %d", g.Len(), man.GraphNodes), nil)
+	}
+	if g.Len() > 0 && g.Dims() != man.Dims {
+		return nil, corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", g.Dims(), man.Dims), nil)
+	}
+	return g, nil
+}
+
+// persist writes the graph if the index keeps one, else the vectors, then
+// the passages and file list, then the manifest. Callers hold wmu.
 func (ix *Index) persist() error {
 	if ix.opts.ReadOnly {
 		return ErrReadOnly
 	}
 	man := ix.man
+	man.Version = formatVersion
 	man.Passages = len(ix.passages)
 	man.Sources = len(ix.bySource)
 	man.Files = len(ix.files)
 	man.Generation++
 	man.Updated = time.Now().UTC()
-	if ix.graph != nil {
+	man.GraphNodes = 0
+	// The graph holds the vectors too: writing them twice would double
+	// the disk and the time of every commit of a large index. An empty
+	// graph is not written, so that GraphNodes > 0 says where they are.
+	stale := vectorsFile
+	switch {
+	case ix.graph != nil && ix.graph.Len() > 0:
 		man.GraphNodes = ix.graph.Len()
 		if err := writeGraph(filepath.Join(ix.dir, graphFile), ix.graph); err != nil {
 			return fmt.Errorf("write dense graph: %w", err)
+		}
+	case ix.vecs != nil:
+		stale = graphFile
+		if err := writeVectors(filepath.Join(ix.dir, vectorsFile), man.Dims, ix.vecs); err != nil {
+			return fmt.Errorf("write dense vectors: %w", err)
 		}
 	}
 	if err := writePassages(filepath.Join(ix.dir, passagesFile), ix.passages); err != nil {
@@ -368,6 +428,14 @@ func (ix *Index) persist() error {
 	ix.mu.Lock()
 	ix.man = man
 	ix.mu.Unlock()
+	// The file the vectors left goes only now that the manifest points to
+	// the other; Open reads the one it points to, so failing here does no
+	// harm.
+	if man.Dense {
+		if err := os.Remove(filepath.Join(ix.dir, stale)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			ix.log.Warn("could not remove an unused file", "file", stale, "dir", ix.dir, "err", err)
+		}
+	}
 	return nil
 }
 

@@ -268,39 +268,46 @@ func TestUnreadableFilesAreSkippedAndCounted(t *testing.T) {
 
 func TestCorruptIndexGivesClearError(t *testing.T) {
 	tests := []struct {
-		name   string
-		break_ func(t *testing.T, dir string)
+		name     string
+		exactMax int // 0: the default, searched exactly, no graph
+		break_   func(t *testing.T, dir string)
 	}{
-		{"truncated manifest", func(t *testing.T, dir string) {
+		{"truncated manifest", 0, func(t *testing.T, dir string) {
 			truncate(t, filepath.Join(dir, manifestFile), 0.5)
 		}},
-		{"missing bleve dir", func(t *testing.T, dir string) {
+		{"missing bleve dir", 0, func(t *testing.T, dir string) {
 			require.NoError(t, os.RemoveAll(filepath.Join(dir, bleveDir)))
 		}},
-		{"truncated passages", func(t *testing.T, dir string) {
+		{"truncated passages", 0, func(t *testing.T, dir string) {
 			truncate(t, filepath.Join(dir, passagesFile), 0.5)
 		}},
-		{"truncated dense graph", func(t *testing.T, dir string) {
+		{"truncated dense vectors", 0, func(t *testing.T, dir string) {
+			truncate(t, filepath.Join(dir, vectorsFile), 0.5)
+		}},
+		{"missing dense vectors", 0, func(t *testing.T, dir string) {
+			require.NoError(t, os.Remove(filepath.Join(dir, vectorsFile)))
+		}},
+		{"truncated dense graph", -1, func(t *testing.T, dir string) {
 			truncate(t, filepath.Join(dir, graphFile), 0.5)
 		}},
-		{"missing file list", func(t *testing.T, dir string) {
+		{"missing file list", 0, func(t *testing.T, dir string) {
 			require.NoError(t, os.Remove(filepath.Join(dir, filesFile)))
 		}},
-		{"future version", func(t *testing.T, dir string) {
+		{"future version", 0, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, manifestFile)
 			data, err := os.ReadFile(p)
 			require.NoError(t, err)
-			data = []byte(strings.Replace(string(data), `"version": 1`, `"version": 99`, 1))
+			data = []byte(strings.Replace(string(data), fmt.Sprintf(`"version": %d`, formatVersion), `"version": 99`, 1))
 			require.NoError(t, os.WriteFile(p, data, 0o644))
 		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			emb := newSynonymEmbedder()
-			ix, dir, _ := buildTestIndex(t, Options{Embedder: emb})
+			ix, dir, _ := buildTestIndex(t, Options{Embedder: emb, ExactDenseMax: tc.exactMax})
 			require.NoError(t, ix.Close())
 			tc.break_(t, dir)
-			_, err := Open(dir, Options{Embedder: emb})
+			_, err := Open(dir, Options{Embedder: emb, ExactDenseMax: tc.exactMax})
 			require.ErrorIs(t, err, ErrCorrupt)
 			assert.Contains(t, err.Error(), "dragon index build --dir "+dir)
 		})

@@ -85,7 +85,9 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	var sem []scored
 	switch {
 	case qv == nil:
-	case ix.opts.ExactDenseMax >= 0 && len(ix.vecs) <= ix.opts.ExactDenseMax:
+	case ix.graph == nil || !ix.needGraph(len(ix.vecs)):
+		// Also while a writer has yet to build or drop the graph that the
+		// new count calls for.
 		sem = exactSearch(ix.vecs, qv, pool)
 	default:
 		dead := max(0, ix.graph.Len()-len(ix.vecs))

@@ -78,6 +78,10 @@ func TestScaleReusesWhatItKept(t *testing.T) {
 	require.NoError(t, err)
 	require.FileExists(t, filepath.Join(dir, "bleve.build-s"))
 	assert.Equal(t, 1.0, first["bleve"].RecallAt10, "bleve is exact at this size")
+	man, err := retrieval.ReadManifest(filepath.Join(dir, "bleve"))
+	require.NoError(t, err)
+	assert.True(t, man.Dense)
+	assert.Zero(t, man.GraphNodes, "the exact reference builds no HNSW graph")
 
 	again, err := Scale(t.Context(), o)
 	require.NoError(t, err)
