@@ -10,14 +10,16 @@
 # x86-64-v3 (AVX2, FMA, F16C, BMI2) instead of this machine's CPU.
 #
 # llamafile's matrix kernels (tinyBLAS) are on for x86 (LLAMAFILE=OFF
-# turns them off), with their one-row guard narrowed to the weights' types
+# turns them off), with their guard against small passes changed
 # (SGEMM_EVERY_PASS=ON, the default; OFF keeps upstream's guard, as make
 # llama-upstream does): upstream hands one-row passes to ggml's own dot
 # products, which sum attention's F16 products in another order than
 # tinyBLAS, so a row's result depended on how many rows shared its pass,
 # and the engine's exactness (cached = uncached, batched = alone) needs it
-# not to. For Q8_0 weights the two kernels are the same arithmetic, so
-# weights keep ggml's faster one-row dot product (docs/DESIGN-NOTES.md).
+# not to. So attention's products take tinyBLAS at every pass size. For
+# Q8_0 weights the two kernels are the same arithmetic, so weights keep
+# ggml's dot product for passes of up to 3 rows, where it is the faster
+# here, and take tinyBLAS from 4 (docs/DESIGN-NOTES.md).
 #
 # ARCH=arm64 cross-builds for linux/arm64 (make device-arm64, into
 # build/llama-arm64) with Debian's aarch64-linux-gnu compilers: NEON and
@@ -79,11 +81,11 @@ arm64)
   exit 1
   ;;
 esac
-every_pass=OFF
+every_pass=OFF guard=upstream
 if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_EVERY_PASS:-ON}" = ON ]; then
-  every_pass=ON
+  every_pass=ON guard=weights-under-4-rows
 fi
-want="$pkg==$ver sha256:$sha ${flags[*]} f16-sgemm-every-pass=$every_pass"
+want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
   # carried to another machine is rebuilt, and the engine's build id (the
@@ -113,15 +115,16 @@ fi
 tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
 if [ "$every_pass" = ON ]; then
-  # tinyBLAS's guard against one-row passes, narrowed to the weights'
-  # types: attention's F16 products then take tinyBLAS at every pass size.
+  # tinyBLAS's guard against one-row passes becomes one against passes
+  # of under 4 rows of weights: attention's F16 products then take
+  # tinyBLAS at every pass size.
   sgemm="$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
   if [ "$(grep -c '^    if (n < 2)$' "$sgemm")" != 1 ]; then
     echo "error: $sgemm: the one-row guard is not where this script expects it" >&2
     exit 1
   fi
-  sed -i 's/^    if (n < 2)$/    if (n < 2 \&\& Atype != GGML_TYPE_F16)/' "$sgemm"
-  grep -q '^    if (n < 2 && Atype != GGML_TYPE_F16)$' "$sgemm" || { echo "error: $sgemm: the guard was not narrowed" >&2; exit 1; }
+  sed -i 's/^    if (n < 2)$/    if (n < 4 \&\& Atype != GGML_TYPE_F16)/' "$sgemm"
+  grep -q '^    if (n < 4 && Atype != GGML_TYPE_F16)$' "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
 fi
 
 echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2
