@@ -57,7 +57,12 @@ type ScaleOptions struct {
 	// search of the same mode.
 	Mode retrieval.Mode
 	// Backends to measure: "bleve", or "engine-N" started by StartEngine.
-	Backends    []string
+	Backends []string
+	// Replicas of each engine shard (default min(2, N), as a cluster that
+	// survives losing a node keeps them); 1 halves what a 2-core machine
+	// ingests without changing what a query visits (one copy of each of
+	// N shards, read at consistency ONE).
+	Replicas    int
 	StartEngine func(nodes int) (Cluster, error)
 	// Clients in flight for QPS (default 4).
 	Clients int
@@ -152,6 +157,9 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 				return out, err
 			}
 			layout := weaviate.Layout{Shards: nodes, Replicas: min(2, nodes)}
+			if o.Replicas > 0 {
+				layout.Replicas = min(o.Replicas, nodes)
+			}
 			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
 			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()

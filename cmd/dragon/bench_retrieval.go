@@ -34,8 +34,10 @@ type retrievalReport struct {
 	Quality   *retrievalbench.QualityResult `json:"quality,omitempty"`
 	// Scale is backend → corpus size → query figures, on synthetic corpora
 	// with ScaleVectors ("words" or "random").
-	ScaleVectors string                                          `json:"scale_vectors,omitempty"`
-	Scale        map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
+	ScaleVectors string `json:"scale_vectors,omitempty"`
+	// ScaleReplicas is --scale-replicas (0: the default, 2).
+	ScaleReplicas int                                             `json:"scale_replicas,omitempty"`
+	Scale         map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
 }
 
 func newBenchRetrievalCmd() *cobra.Command {
@@ -51,6 +53,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		script                  string
 		queries                 int
 		scaleMode, scaleVectors string
+		replicas                int
 		keep                    string
 	)
 	cmd := &cobra.Command{
@@ -163,8 +166,9 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors = scaleVectors
-				if rep.Scale, err = benchScale(ctx, m, passages, qs, sizes, backends, mode, vectors, script, cmp.Or(keep, scratch), keep != "", logf); err != nil {
+				rep.ScaleVectors, rep.ScaleReplicas = scaleVectors, replicas
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Mode: mode, Backends: backends, Replicas: replicas, Log: logf}
+				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
 			}
@@ -192,6 +196,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
+	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
 	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")
 	return cmd
 }
@@ -258,7 +263,11 @@ func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []stri
 
 // benchScale writes a synthetic corpus of each size (from the real
 // corpus's word statistics) and measures every backend over it.
-func benchScale(ctx context.Context, m engine.Model, real, queries []string, sizes []int, backends []string, mode retrieval.Mode, vectors retrieval.Embedder, script, scratch string, reuse bool, logf func(string, ...any)) (map[string]map[string]retrievalbench.ScalePoint, error) {
+// benchScale runs the scale measurement of base (its tokenizer, vectors,
+// queries, mode, backends, replicas and log) on a synthetic corpus of each
+// size, kept under scratch when reuse is set.
+func benchScale(ctx context.Context, m engine.Model, real []string, sizes []int, base retrievalbench.ScaleOptions, script, scratch string, reuse bool) (map[string]map[string]retrievalbench.ScalePoint, error) {
+	logf, vectors := base.Log, base.Embedder
 	model, err := retrievalbench.LearnText(real)
 	if err != nil {
 		return nil, err
@@ -288,14 +297,18 @@ func benchScale(ctx context.Context, m engine.Model, real, queries []string, siz
 			}
 		}
 		logf("scale: synthetic corpus of about %d passages", n)
-		res, err := retrievalbench.Scale(ctx, retrievalbench.ScaleOptions{
-			Corpus: corpus, Passages: n, Tokenizer: m, Embedder: vectors,
-			Queries: queries, Mode: mode, Backends: backends, Dir: dir, Reuse: reuse, Log: logf,
-			StartEngine: func(nodes int) (retrievalbench.Cluster, error) {
-				// A kept cluster restarts on the ports its members know.
-				return retrievalbench.StartScriptCluster(script, filepath.Join(dir, fmt.Sprintf("engine-%d", nodes)), nodes, 21000+1000*nodes, nil)
-			},
-		})
+		o := base
+		o.Corpus, o.Passages, o.Dir, o.Reuse = corpus, n, dir, reuse
+		o.StartEngine = func(nodes int) (retrievalbench.Cluster, error) {
+			// A kept cluster restarts on the ports its members know; its
+			// folder names its replication, which its collection keeps.
+			data := fmt.Sprintf("engine-%d", nodes)
+			if o.Replicas > 0 {
+				data += fmt.Sprintf("-r%d", o.Replicas)
+			}
+			return retrievalbench.StartScriptCluster(script, filepath.Join(dir, data), nodes, 21000+1000*nodes, nil)
+		}
+		res, err := retrievalbench.Scale(ctx, o)
 		if err != nil {
 			return out, err
 		}
