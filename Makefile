@@ -53,7 +53,7 @@ $(LLAMA)/BUILD: scripts/build-llama.sh
 # The same llama.cpp with upstream's own llama-bench and default kernels
 # (llamafile's on), in build/llama-upstream, for side-by-side benchmarks.
 llama-upstream: deps
-	LLAMA_BENCH=1 LLAMAFILE=ON SGEMM_EVERY_PASS=OFF scripts/build-llama.sh $(BUILD)/llama-upstream
+	LLAMA_BENCH=1 LLAMAFILE=ON SGEMM_GUARD=upstream scripts/build-llama.sh $(BUILD)/llama-upstream
 
 model: $(MODEL)
 

@@ -10,8 +10,8 @@
 # x86-64-v3 (AVX2, FMA, F16C, BMI2) instead of this machine's CPU.
 #
 # llamafile's matrix kernels (tinyBLAS) are on for x86 (LLAMAFILE=OFF
-# turns them off), with their guard against small passes changed
-# (SGEMM_EVERY_PASS=ON, the default; OFF keeps upstream's guard, as make
+# turns them off), with their guard against small passes rewritten
+# (SGEMM_GUARD=exact, the default; upstream keeps upstream's guard, as make
 # llama-upstream does): upstream hands one-row passes to ggml's own dot
 # products, which sum attention's F16 products in another order than
 # tinyBLAS, so a row's result depended on how many rows shared its pass,
@@ -81,9 +81,9 @@ arm64)
   exit 1
   ;;
 esac
-every_pass=OFF guard=upstream
-if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_EVERY_PASS:-ON}" = ON ]; then
-  every_pass=ON guard=weights-under-4-rows
+guard=upstream
+if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact}" = exact ]; then
+  guard=weights-under-4-rows
 fi
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
@@ -114,7 +114,7 @@ if ! echo "$sha  $tarball" | sha256sum -c --status; then
 fi
 tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
-if [ "$every_pass" = ON ]; then
+if [ "$guard" != upstream ]; then
   # tinyBLAS's guard against one-row passes becomes one against passes
   # of under 4 rows of weights: attention's F16 products then take
   # tinyBLAS at every pass size.
