@@ -94,16 +94,18 @@ func roundTrips(t *testing.T, c net.Conn, n int) []float64 {
 	return out
 }
 
-// within asserts that got (ms) is within 5% of want plus 2 ms of
-// loopback overhead, and logs the error.
+// within asserts that got (ms) is within 5% of want plus 8 ms of
+// loopback and scheduling overhead (2 ms on an idle machine; up to 5.6 ms
+// seen under -race beside other test packages on 2 cores), and logs the
+// error.
 func within(t *testing.T, want, got float64, what string) {
 	t.Helper()
 	t.Logf("%s: %.2f ms for %.2f ms asked (%+.2f%%)", what, got, want, 100*(got-want)/want)
-	assert.InDelta(t, want, got, 0.05*want+2, what)
+	assert.InDelta(t, want, got, 0.05*want+8, what)
 }
 
 // TestProxyAddsLatency measures on loopback that a proxy with one-way
-// latency L makes a round trip of 2L, within 5% (plus 2 ms).
+// latency L makes a round trip of at least 2L, within 5% (plus 8 ms).
 func TestProxyAddsLatency(t *testing.T) {
 	up := echoServer(t)
 	link, err := NewLink(Shape{Latency: 100 * time.Millisecond}, 1)
@@ -122,7 +124,9 @@ func TestProxyAddsLatency(t *testing.T) {
 	// Changed while running.
 	require.NoError(t, link.Up.SetShape(Shape{Latency: 10 * time.Millisecond}))
 	require.NoError(t, link.Down.SetShape(Shape{Latency: 10 * time.Millisecond}))
-	within(t, 20, median(roundTrips(t, c, 9)), "median round trip after the change")
+	rtts = roundTrips(t, c, 9)
+	within(t, 20, median(rtts), "median round trip after the change")
+	assert.GreaterOrEqual(t, slices.Min(rtts), 20.0)
 	c.Close()
 	cancel()
 	require.NoError(t, <-done)
