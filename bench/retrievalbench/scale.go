@@ -137,8 +137,9 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			s, stop = ix, func() { ix.Close() }
 			indexS := buildS
 			if graph {
-				indexS += time.Since(t0).Seconds()
-				o.Log("bleve: opened with its graph in %.0fs, counted in its ingest rate", time.Since(t0).Seconds())
+				openS := time.Since(t0).Seconds()
+				indexS += openS
+				o.Log("bleve: opened with its graph in %.0fs, counted in its ingest rate", openS)
 			}
 			ingest = float64(n) / indexS
 			rss = func() float64 { return float64(selfRSS()-before) / (1 << 20) }
