@@ -40,9 +40,9 @@ func newStatsCache() *statsCache {
 	return &statsCache{now: time.Now, df: map[string]counted{}}
 }
 
-// stats returns the statistics for terms, asking fetch only for the
-// totals and the terms it does not hold fresh.
-func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(context.Context, []string) (weaviate.Stats, error)) (weaviate.Stats, error) {
+// stats returns the statistics for terms, asking fetch only for what it
+// does not hold fresh: the terms, and the totals.
+func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(ctx context.Context, terms []string, withTotals bool) (weaviate.Stats, error)) (weaviate.Stats, error) {
 	out := weaviate.Stats{DocFreq: make(map[string]int, len(terms))}
 	var missing []string
 	c.mu.Lock()
@@ -61,17 +61,19 @@ func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(conte
 		return out, nil
 	}
 
-	st, err := fetch(ctx, missing)
+	st, err := fetch(ctx, missing, !fresh)
 	if err != nil {
 		return weaviate.Stats{}, err
 	}
-	out.Passages, out.Terms = st.Passages, st.Terms
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.df)+len(missing) > statsCacheMax {
 		c.df = map[string]counted{}
 	}
-	c.total, c.totalAt = weaviate.Stats{Passages: st.Passages, Terms: st.Terms}, now
+	if !fresh {
+		out.Passages, out.Terms = st.Passages, st.Terms
+		c.total, c.totalAt = weaviate.Stats{Passages: st.Passages, Terms: st.Terms}, now
+	}
 	for _, t := range missing {
 		out.DocFreq[t] = st.DocFreq[t]
 		c.df[t] = counted{st.DocFreq[t], now}

@@ -18,13 +18,18 @@ func TestStatsCacheAsksOnlyForWhatItLacks(t *testing.T) {
 	c.now = func() time.Time { return now }
 	df := map[string]int{"volcano": 3, "etna": 1, "lava": 2}
 	var asked [][]string
+	var totalsAsked []bool
 	fail := false
-	fetch := func(_ context.Context, terms []string) (weaviate.Stats, error) {
+	fetch := func(_ context.Context, terms []string, withTotals bool) (weaviate.Stats, error) {
 		if fail {
 			return weaviate.Stats{}, errors.New("engine down")
 		}
 		asked = append(asked, terms)
-		st := weaviate.Stats{Passages: 10, Terms: 100 + int64(len(asked)), DocFreq: map[string]int{}}
+		totalsAsked = append(totalsAsked, withTotals)
+		st := weaviate.Stats{DocFreq: map[string]int{}}
+		if withTotals {
+			st.Passages, st.Terms = 10, 100+int64(len(asked))
+		}
 		for _, t := range terms {
 			st.DocFreq[t] = df[t]
 		}
@@ -40,13 +45,14 @@ func TestStatsCacheAsksOnlyForWhatItLacks(t *testing.T) {
 
 	st, err = c.stats(t.Context(), []string{"volcano", "lava"}, fetch)
 	require.NoError(t, err)
-	assert.Equal(t, want(102, map[string]int{"volcano": 3, "lava": 2}), st)
+	assert.Equal(t, want(101, map[string]int{"volcano": 3, "lava": 2}), st, "the totals held")
 	assert.Equal(t, [][]string{{"etna", "volcano"}, {"lava"}}, asked, "only the term not held")
+	assert.Equal(t, []bool{true, false}, totalsAsked, "the totals fresh: not asked again")
 
 	fail = true
 	st, err = c.stats(t.Context(), []string{"lava", "etna"}, fetch)
 	require.NoError(t, err, "all held and fresh: no request")
-	assert.Equal(t, want(102, map[string]int{"lava": 2, "etna": 1}), st)
+	assert.Equal(t, want(101, map[string]int{"lava": 2, "etna": 1}), st)
 
 	now = now.Add(statsTTL + time.Second)
 	_, err = c.stats(t.Context(), []string{"etna"}, fetch)
@@ -56,4 +62,5 @@ func TestStatsCacheAsksOnlyForWhatItLacks(t *testing.T) {
 	st, err = c.stats(t.Context(), []string{"etna"}, fetch)
 	require.NoError(t, err)
 	assert.Equal(t, want(103, map[string]int{"etna": 5}), st, "a stale count is replaced")
+	assert.Equal(t, []bool{true, false, true}, totalsAsked, "stale totals asked again")
 }

@@ -162,10 +162,18 @@ type Stats struct {
 	DocFreq map[string]int
 }
 
-// DocFreqs returns the statistics for terms, in one request.
-func (c *Client) DocFreqs(ctx context.Context, terms []string) (Stats, error) {
+// DocFreqs returns the statistics for terms, in one request; the
+// collection's totals (Passages, Terms) only withTotals, since summing the
+// term counts visits every passage.
+func (c *Client) DocFreqs(ctx context.Context, terms []string, withTotals bool) (Stats, error) {
+	if len(terms) == 0 && !withTotals {
+		return Stats{DocFreq: map[string]int{}}, nil
+	}
 	var b strings.Builder
-	b.WriteString("{ Aggregate { total: " + c.cfg.Collection + " { meta { count } nterms { sum } } ")
+	b.WriteString("{ Aggregate { ")
+	if withTotals {
+		b.WriteString("total: " + c.cfg.Collection + " { meta { count } nterms { sum } } ")
+	}
 	for i, t := range terms {
 		fmt.Fprintf(&b, `t%d: %s(where: {path: ["terms"], operator: Equal, valueText: %s}) { meta { count } } `, i, c.cfg.Collection, gqlString(t))
 	}

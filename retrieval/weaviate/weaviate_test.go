@@ -86,9 +86,12 @@ func TestCollectionRoundTrip(t *testing.T) {
 	assert.ElementsMatch(t, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID})
 	assert.InDelta(t, 1, near[0].Score, 0.01)
 
-	st, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"})
+	st, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"}, true)
 	require.NoError(t, err)
 	assert.Equal(t, Stats{Passages: 4, Terms: 9, DocFreq: map[string]int{"volcano": 2, "honei": 1, "absent": 0}}, st)
+	st, err = c.DocFreqs(ctx, []string{"volcano"}, false)
+	require.NoError(t, err)
+	assert.Equal(t, Stats{DocFreq: map[string]int{"volcano": 2}}, st, "no totals unless asked")
 
 	deleted, err := c.DeleteUnder(ctx, "a.txt")
 	require.NoError(t, err)
