@@ -72,6 +72,7 @@ const (
 	PhaseRead  Phase = "read"  // reading and chunking files
 	PhaseEmbed Phase = "embed" // embedding passages
 	PhaseIndex Phase = "index" // committing passages to disk
+	PhaseStats Phase = "stats" // counting a remote collection's terms, in passages
 )
 
 // Progress of an indexing run: Done of Total units (files for scan and

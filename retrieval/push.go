@@ -106,5 +106,5 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 			return failed, fmt.Errorf("push %s to %s: drop what %s held before: %w", ix.dir, store, path, err)
 		}
 	}
-	return failed, nil
+	return failed, RefreshTermStats(ctx, store, progress)
 }

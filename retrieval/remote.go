@@ -20,7 +20,8 @@ const AnalyzerName = "bleve-en/v1"
 // collection). The engine finds candidates (BM25 over the analyzed terms,
 // nearest vectors); ranking, fusion and R are computed here exactly as for
 // a local Index, so the two order passages alike and R stays on one scale.
-// The corpus statistics BM25 needs are remembered for statsTTL.
+// The corpus statistics BM25 needs come from the collection's stored
+// table, or are counted live and remembered for statsTTL (statsCache).
 type RemoteIndex struct {
 	store *weaviate.Client
 	emb   Embedder
@@ -48,7 +49,13 @@ func OpenRemote(ctx context.Context, store *weaviate.Client, emb Embedder) (*Rem
 	if emb != nil && spec.Embedder != "" && embedderID(emb) != spec.Embedder {
 		return nil, fmt.Errorf("%w: %s holds vectors of %q, not of %q", ErrEmbedder, store, spec.Embedder, embedderID(emb))
 	}
-	return &RemoteIndex{store: store, emb: emb, spec: spec, stats: newStatsCache()}, nil
+	r := &RemoteIndex{store: store, emb: emb, spec: spec, stats: newStatsCache(store)}
+	// The stored statistics, if any, are read now rather than on a
+	// user's first query.
+	if _, err := r.stats.storedTable(ctx); err != nil {
+		return nil, fmt.Errorf("open %s: %w", store, err)
+	}
+	return r, nil
 }
 
 // Ready reports whether the engine answers.
@@ -92,7 +99,7 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			st, stErr = r.stats.stats(ctx, unique, r.store.DocFreqs)
+			st, stErr = r.stats.stats(ctx, unique)
 		}()
 		go func() {
 			defer wg.Done()

@@ -17,17 +17,35 @@ const statsTTL = 30 * time.Second
 // over.
 const statsCacheMax = 100_000
 
-// statsCache remembers a remote collection's corpus statistics and
-// document frequencies for statsTTL. The engine counts a term's passages
-// by visiting them, so the costly terms are the common ones, which are
-// exactly those queries repeat.
+// statsSource is where a remote collection's statistics come from: the
+// table counted once after it was written (weaviate's TermStats), and
+// live counts while there is none.
+type statsSource interface {
+	TermStatsGeneration(ctx context.Context) (string, error)
+	ReadTermStats(ctx context.Context) (weaviate.TermStats, bool, error)
+	DocFreqs(ctx context.Context, terms []string, withTotals bool) (weaviate.Stats, error)
+}
+
+// statsCache gives a remote collection's corpus statistics and document
+// frequencies. It reads them from the collection's stored table, which it
+// holds in memory and looks at again every statsTTL (a write removes it;
+// a rebuild replaces it). Without one it counts live and remembers the
+// counts for statsTTL: the engine counts a term's passages by visiting
+// them, so the costly terms are the common ones, which are exactly those
+// queries repeat.
 type statsCache struct {
 	now func() time.Time
+	src statsSource
 
-	mu      sync.Mutex
-	total   weaviate.Stats // Passages and Terms only
-	totalAt time.Time
-	df      map[string]counted
+	// looking serializes looks at the stored table.
+	looking sync.Mutex
+
+	mu        sync.Mutex
+	table     *weaviate.TermStats // nil: none valid, count live
+	checkedAt time.Time
+	total     weaviate.Stats // Passages and Terms only
+	totalAt   time.Time
+	df        map[string]counted
 }
 
 // counted is a term's document frequency and when it was counted.
@@ -36,13 +54,72 @@ type counted struct {
 	at time.Time
 }
 
-func newStatsCache() *statsCache {
-	return &statsCache{now: time.Now, df: map[string]counted{}}
+func newStatsCache(src statsSource) *statsCache {
+	return &statsCache{now: time.Now, src: src, df: map[string]counted{}}
 }
 
-// stats returns the statistics for terms, asking fetch only for what it
-// does not hold fresh: the terms, and the totals.
-func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(ctx context.Context, terms []string, withTotals bool) (weaviate.Stats, error)) (weaviate.Stats, error) {
+// stats returns the statistics for terms.
+func (c *statsCache) stats(ctx context.Context, terms []string) (weaviate.Stats, error) {
+	tbl, err := c.storedTable(ctx)
+	if err != nil {
+		return weaviate.Stats{}, err
+	}
+	if tbl != nil {
+		out := weaviate.Stats{Passages: tbl.Passages, Terms: tbl.Terms, DocFreq: make(map[string]int, len(terms))}
+		for _, t := range terms {
+			out.DocFreq[t] = tbl.DocFreq[t]
+		}
+		return out, nil
+	}
+	return c.live(ctx, terms)
+}
+
+// storedTable returns the collection's stored statistics (nil: none
+// valid), looking at the collection again once statsTTL has passed and
+// reading the table only when its generation changed.
+func (c *statsCache) storedTable(ctx context.Context) (*weaviate.TermStats, error) {
+	fresh := func() (*weaviate.TermStats, bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.table, !c.checkedAt.IsZero() && c.now().Sub(c.checkedAt) <= statsTTL
+	}
+	if tbl, ok := fresh(); ok {
+		return tbl, nil
+	}
+	c.looking.Lock()
+	defer c.looking.Unlock()
+	held, ok := fresh()
+	if ok {
+		return held, nil // another query looked meanwhile
+	}
+	now := c.now()
+	gen, err := c.src.TermStatsGeneration(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var tbl *weaviate.TermStats
+	switch {
+	case gen == "":
+	case held != nil && held.Generation == gen:
+		tbl = held
+	default:
+		st, ok, err := c.src.ReadTermStats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			tbl = &st
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.table, c.checkedAt = tbl, now
+	return tbl, nil
+}
+
+// live returns the statistics for terms counted by the engine, asking
+// only for what it does not hold fresh: the terms, and the totals.
+func (c *statsCache) live(ctx context.Context, terms []string) (weaviate.Stats, error) {
 	out := weaviate.Stats{DocFreq: make(map[string]int, len(terms))}
 	var missing []string
 	c.mu.Lock()
@@ -61,7 +138,7 @@ func (c *statsCache) stats(ctx context.Context, terms []string, fetch func(ctx c
 		return out, nil
 	}
 
-	st, err := fetch(ctx, missing, !fresh)
+	st, err := c.src.DocFreqs(ctx, missing, !fresh)
 	if err != nil {
 		return weaviate.Stats{}, err
 	}

@@ -158,7 +158,34 @@ func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths 
 			o.Progress(Progress{Phase: PhaseIndex, Done: i + 1, Total: len(files), Item: path})
 		}
 	}
+	if err := RefreshTermStats(ctx, store, o.Progress); err != nil {
+		return rep, err
+	}
 	return rep, nil
+}
+
+// RefreshTermStats counts a collection's BM25 statistics again if no
+// valid count is stored (every write removes it), so that searches need
+// not count the passages of their terms live. Progress, if set, is called
+// per page (PhaseStats, in passages).
+func RefreshTermStats(ctx context.Context, store *weaviate.Client, progress func(Progress)) error {
+	gen, err := store.TermStatsGeneration(ctx)
+	if err != nil || gen != "" {
+		return err
+	}
+	total, err := store.Count(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = store.RebuildTermStats(ctx, func(n int) {
+		if progress != nil {
+			progress(Progress{Phase: PhaseStats, Done: n, Total: total})
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("%s: term statistics: %w", store, err)
+	}
+	return nil
 }
 
 // readStreamFile reads and chunks one file (every document in it).

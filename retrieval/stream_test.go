@@ -66,15 +66,20 @@ func TestStreamResumesWithoutDuplicates(t *testing.T) {
 	assert.Equal(t, first.Passages, stored)
 
 	calls := base.calls
-	var last Progress
+	last := map[Phase]Progress{}
 	second, err := Stream(t.Context(), store, StreamOptions{Tokenizer: tok, Embedder: base, Batch: 32,
-		Progress: func(p Progress) { last = p }}, filepath.Join(root, "docs"))
+		Progress: func(p Progress) { last[p.Phase] = p }}, filepath.Join(root, "docs"))
 	require.NoError(t, err)
 	assert.Empty(t, second.Failed)
 	assert.Equal(t, stored, second.Present, "what the first run stored is found, not written again")
 	assert.Equal(t, len(want)-stored, second.Passages)
-	assert.Equal(t, Progress{Phase: PhaseIndex, Done: 40, Total: 40, Item: last.Item}, last)
-	assert.Equal(t, "doc39.txt", filepath.Base(last.Item))
+	byFile := last[PhaseIndex]
+	assert.Equal(t, Progress{Phase: PhaseIndex, Done: 40, Total: 40, Item: byFile.Item}, byFile)
+	assert.Equal(t, "doc39.txt", filepath.Base(byFile.Item))
+	assert.Equal(t, Progress{Phase: PhaseStats, Done: len(want), Total: len(want)}, last[PhaseStats], "the terms counted last")
+	gen, err := store.TermStatsGeneration(t.Context())
+	require.NoError(t, err)
+	assert.NotEmpty(t, gen, "the statistics stored")
 	embedded := base.calls - calls
 	assert.LessOrEqual(t, embedded, 1+(len(want)-stored+31)/32+1, "only missing passages are embedded")
 

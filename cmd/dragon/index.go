@@ -507,5 +507,5 @@ func deleteRemote(cmd *cobra.Command, fl indexFlags, sources []string) error {
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: %d passages\n", abs, n)
 	}
-	return nil
+	return retrieval.RefreshTermStats(cmd.Context(), store, nil)
 }

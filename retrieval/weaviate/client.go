@@ -243,6 +243,9 @@ func (c *Client) Ready(ctx context.Context) error {
 	return c.do(ctx, http.MethodGet, "/v1/.well-known/ready", nil, nil)
 }
 
+// unknownClass is GraphQL's answer for a class the engine does not have.
+var unknownClass = regexp.MustCompile(`^Cannot query field "([^"]+)" on type "(?:Get|Aggregate)ObjectsObj"`)
+
 // graphQL runs a query; errors the engine reports in the answer are
 // returned (with ErrNoCollection for an unknown class).
 func (c *Client) graphQL(ctx context.Context, query string, out any) error {
@@ -257,8 +260,8 @@ func (c *Client) graphQL(ctx context.Context, query string, out any) error {
 	}
 	if len(resp.Errors) > 0 {
 		msg := resp.Errors[0].Message
-		if strings.Contains(msg, "Cannot query field \""+c.cfg.Collection+"\"") {
-			return fmt.Errorf("%w: %s on %s", ErrNoCollection, c.cfg.Collection, c.cfg.URL)
+		if m := unknownClass.FindStringSubmatch(msg); m != nil {
+			return fmt.Errorf("%w: %s on %s", ErrNoCollection, m[1], c.cfg.URL)
 		}
 		return fmt.Errorf("weaviate: query failed: %s", msg)
 	}

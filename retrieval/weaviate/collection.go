@@ -2,7 +2,6 @@ package weaviate
 
 import (
 	"context"
-	"crypto/sha1"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -129,9 +128,4 @@ func (c *Client) Spec(ctx context.Context) (Spec, error) {
 
 // ObjectID is the object id of a passage: a name-based UUID (version 5
 // layout) of its passage id, so writing a passage again replaces it.
-func ObjectID(pid uint64) string {
-	h := sha1.Sum([]byte("dragon-passage:" + strconv.FormatUint(pid, 16)))
-	h[6] = h[6]&0x0f | 0x50
-	h[8] = h[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
-}
+func ObjectID(pid uint64) string { return nameUUID("dragon-passage:" + strconv.FormatUint(pid, 16)) }

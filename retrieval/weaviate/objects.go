@@ -1,10 +1,12 @@
 package weaviate
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -43,14 +45,14 @@ type wireObject struct {
 // Upsert writes objects (replacing any with the same passage id) with
 // consistency QUORUM, so a write acknowledged by a cluster with replicas
 // survives losing a node. Objects the engine refuses come back one by one;
-// the rest are stored. The error is for the batch as a whole.
+// the rest are stored. The error is for the batch as a whole. The term
+// statistics are invalidated first.
 func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, error) {
 	if len(objs) == 0 {
 		return nil, nil
 	}
-	batch := struct {
-		Objects []wireObject `json:"objects"`
-	}{make([]wireObject, len(objs))}
+	wire := make([]wireObject, len(objs))
+	byID := make(map[string]uint64, len(objs))
 	for i, o := range objs {
 		meta := ""
 		if len(o.Meta) > 0 {
@@ -60,7 +62,7 @@ func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, erro
 			}
 			meta = string(b)
 		}
-		batch.Objects[i] = wireObject{
+		wire[i] = wireObject{
 			Class: c.cfg.Collection, ID: ObjectID(o.PID), Vector: o.Vector,
 			Properties: map[string]any{
 				"pid": strconv.FormatUint(o.PID, 16), "source": o.Source, "start": o.Start, "end": o.End,
@@ -68,7 +70,24 @@ func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, erro
 				"terms": strings.Join(o.Terms, " "), "nterms": len(o.Terms),
 			},
 		}
+		byID[wire[i].ID] = o.PID
 	}
+	if err := c.InvalidateTermStats(ctx); err != nil {
+		return nil, err
+	}
+	refused, err := c.batch(ctx, wire)
+	var failed []ObjectError
+	for id, msgs := range refused {
+		failed = append(failed, ObjectError{PID: byID[id], Err: strings.Join(msgs, "; ")})
+	}
+	slices.SortFunc(failed, func(a, b ObjectError) int { return cmp.Compare(a.PID, b.PID) })
+	return failed, err
+}
+
+// batch writes objects with consistency QUORUM, so a write acknowledged
+// by a cluster with replicas survives losing a node, and returns the
+// engine's messages for each object it refused, by object id.
+func (c *Client) batch(ctx context.Context, objs []wireObject) (map[string][]string, error) {
 	var resp []struct {
 		ID     string `json:"id"`
 		Result struct {
@@ -79,28 +98,25 @@ func (c *Client) Upsert(ctx context.Context, objs []Object) ([]ObjectError, erro
 			} `json:"errors"`
 		} `json:"result"`
 	}
-	if err := c.do(ctx, http.MethodPost, "/v1/batch/objects?consistency_level=QUORUM", batch, &resp); err != nil {
+	body := struct {
+		Objects []wireObject `json:"objects"`
+	}{objs}
+	if err := c.do(ctx, http.MethodPost, "/v1/batch/objects?consistency_level=QUORUM", body, &resp); err != nil {
 		return nil, err
 	}
-	byID := make(map[string]uint64, len(objs))
-	for _, o := range objs {
-		byID[ObjectID(o.PID)] = o.PID
-	}
-	var failed []ObjectError
+	refused := map[string][]string{}
 	for _, r := range resp {
 		if r.Result.Errors == nil || len(r.Result.Errors.Error) == 0 {
 			continue
 		}
-		var msgs []string
 		for _, e := range r.Result.Errors.Error {
-			msgs = append(msgs, e.Message)
+			refused[r.ID] = append(refused[r.ID], e.Message)
 		}
-		failed = append(failed, ObjectError{PID: byID[r.ID], Err: strings.Join(msgs, "; ")})
 	}
 	if len(resp) != len(objs) {
-		return failed, fmt.Errorf("%w: batch of %d objects answered for %d", ErrInvalid, len(objs), len(resp))
+		return refused, fmt.Errorf("%w: batch of %d objects answered for %d", ErrInvalid, len(objs), len(resp))
 	}
-	return failed, nil
+	return refused, nil
 }
 
 // Existing returns which of the passage ids are stored.
@@ -195,6 +211,11 @@ func (c *Client) deleteWhere(ctx context.Context, where map[string]any) (int, er
 	}
 	if err := c.do(ctx, http.MethodDelete, "/v1/batch/objects?consistency_level=QUORUM", body, &resp); err != nil {
 		return 0, err
+	}
+	if resp.Results.Successful > 0 {
+		if err := c.InvalidateTermStats(ctx); err != nil {
+			return resp.Results.Successful, err
+		}
 	}
 	if resp.Results.Failed > 0 {
 		return resp.Results.Successful, fmt.Errorf("weaviate: %d passages not deleted", resp.Results.Failed)

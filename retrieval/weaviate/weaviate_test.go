@@ -256,3 +256,64 @@ func TestGQLString(t *testing.T) {
 		assert.Equal(t, want, gqlString(in))
 	}
 }
+
+// The stored term statistics equal live counts, in several chunks and scan
+// pages, and every write removes them until they are counted again.
+func TestTermStats(t *testing.T) {
+	cl := weaviatetest.Start(t, 1)
+	ctx := t.Context()
+	c, err := New(Config{URL: cl.URL(0), Collection: "Stats"})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.EnsureCollection(ctx, Spec{Embedder: "test", Dims: 4, Analyzer: "en"}, Layout{}))
+	oldChunk, oldPage := termStatsChunk, scanPage
+	termStatsChunk, scanPage = 3, 2
+	t.Cleanup(func() { termStatsChunk, scanPage = oldChunk, oldPage })
+
+	gen, err := c.TermStatsGeneration(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, gen, "none counted yet")
+	_, ok, err := c.ReadTermStats(ctx)
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	objs := testObjects()
+	objs = append(objs, Object{PID: 5, Source: "d.txt", Text: "volcano volcano bees", Terms: []string{"volcano", "volcano", "bee"}, Vector: unitVec(1, 0, 1, 0)})
+	_, err = c.Upsert(ctx, objs)
+	require.NoError(t, err)
+	built, err := c.RebuildTermStats(ctx, nil)
+	require.NoError(t, err)
+	gen, err = c.TermStatsGeneration(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, built.Generation, gen)
+
+	got, ok, err := c.ReadTermStats(ctx)
+	require.NoError(t, err)
+	require.True(t, ok)
+	terms := []string{"etna", "volcano", "vesuviu", "bee", "make", "honei", "chess", "knight"}
+	live, err := c.DocFreqs(ctx, terms, true)
+	require.NoError(t, err)
+	assert.Equal(t, live.Passages, got.Passages)
+	assert.Equal(t, live.Terms, got.Terms)
+	assert.Len(t, got.DocFreq, len(terms), "3 chunks of 3 terms, the last short")
+	for _, term := range terms {
+		assert.Equal(t, live.DocFreq[term], got.DocFreq[term], term)
+	}
+	assert.Equal(t, 3, got.DocFreq["volcano"], "a passage counts a term once")
+
+	for name, write := range map[string]func() error{
+		"upsert": func() error { _, err := c.Upsert(ctx, objs[:1]); return err },
+		"delete": func() error { _, err := c.DeleteUnder(ctx, "d.txt"); return err },
+	} {
+		_, err := c.RebuildTermStats(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, write(), name)
+		gen, err := c.TermStatsGeneration(ctx)
+		require.NoError(t, err)
+		assert.Empty(t, gen, "%s removes the statistics", name)
+	}
+	got, err = c.RebuildTermStats(ctx, nil)
+	require.NoError(t, err)
+	assert.Equal(t, 4, got.Passages)
+	assert.Equal(t, 2, got.DocFreq["volcano"])
+}
