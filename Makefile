@@ -45,8 +45,9 @@ deps:
 	fi
 	@scripts/build-llama.sh $(LLAMA)
 
-# Remade when the script changes (a no-op unless its source or flags did).
-$(LLAMA)/BUILD: scripts/build-llama.sh
+# Remade when the script or its patch changes (a no-op unless its source,
+# flags or patch did).
+$(LLAMA)/BUILD: scripts/build-llama.sh scripts/llama-q8-rows.patch
 	@scripts/build-llama.sh $(LLAMA)
 	@touch $@
 

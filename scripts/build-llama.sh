@@ -21,6 +21,14 @@
 # ggml's dot product for passes of up to 3 rows, where it is the faster
 # here, and take tinyBLAS from 4 (docs/DESIGN-NOTES.md).
 #
+# In that exact mode the passes of 2 and 3 rows over Q8_0 weights (one
+# row per retrieved passage, or a speculative verification) also take our
+# own fused AVX2 kernel (scripts/llama-q8-rows.patch; Q8_ROWS=off leaves
+# it out): each weight block is loaded, made absolute and its scale
+# widened once for all the rows, while each row's arithmetic stays that
+# of ggml's one-row dot product, so every row is bit for bit what it is
+# in a pass of its own.
+#
 # ARCH=arm64 cross-builds for linux/arm64 (make device-arm64, into
 # build/llama-arm64) with Debian's aarch64-linux-gnu compilers: NEON and
 # the dot-product instructions (-march=armv8.2-a+dotprod), nothing newer,
@@ -82,10 +90,24 @@ arm64)
   ;;
 esac
 guard=upstream
+q8rows=off
 if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact}" = exact ]; then
   guard=weights-under-4-rows
+  case ${Q8_ROWS:-fused} in
+  fused) q8rows=fused-2-3 ;;
+  off) ;;
+  *)
+    echo "error: Q8_ROWS=$Q8_ROWS: fused or off" >&2
+    exit 1
+    ;;
+  esac
 fi
+q8patch=$(cd "$(dirname "$0")" && pwd)/llama-q8-rows.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
+if [ "$q8rows" != off ]; then
+  # The patch's own hash too, so an edited kernel rebuilds.
+  want+=" q8-rows=$q8rows:$(sha256sum <"$q8patch" | cut -c1-16)"
+fi
 if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
   # carried to another machine is rebuilt, and the engine's build id (the
@@ -99,7 +121,11 @@ fi
 if [ -f "$out/BUILD" ] && [ "$(cat "$out/BUILD")" = "$want" ] && { [ "${LLAMA_BENCH:-0}" != 1 ] || [ -x "$out/bin/llama-bench" ]; }; then
   exit 0
 fi
-for tool in cmake "$cxx" python3; do
+tools=(cmake "$cxx" python3)
+if [ "$q8rows" != off ]; then
+  tools+=(patch)
+fi
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "error: $tool is needed to build llama.cpp (make deps installs it)" >&2; exit 1; }
 done
 
@@ -125,6 +151,13 @@ if [ "$guard" != upstream ]; then
   fi
   sed -i 's/^    if (n < 2)$/    if (n < 4 \&\& Atype != GGML_TYPE_F16)/' "$sgemm"
   grep -q '^    if (n < 4 && Atype != GGML_TYPE_F16)$' "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
+fi
+if [ "$q8rows" != off ]; then
+  # The fused kernel for 2 and 3 rows of Q8_0 weights; patch refuses a
+  # source whose lines differ from the patch's context at all.
+  patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$q8patch" ||
+    { echo "error: $q8patch does not apply to this source" >&2; exit 1; }
+  grep -q '^#define DRAGON_Q8_ROWS 1$' "$lsrc/ggml/src/ggml-cpu/ggml-cpu.c" || { echo "error: the Q8_0 rows kernel was not added" >&2; exit 1; }
 fi
 
 echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2
