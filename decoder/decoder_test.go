@@ -424,8 +424,17 @@ func TestSampledGenerationIsDeterministicUnderASeed(t *testing.T) {
 // fewer).
 func TestShadowedDraftsTeachTheCostModel(t *testing.T) {
 	contrarian := fake.Config{Seed: 5, Vocab: 300, Copy: -6, CallLatency: time.Millisecond, Latency: 200 * time.Microsecond}
+	// The verification costs start from what the fake sleeps rather than
+	// from two timed passes, which a loaded machine's oversleeping made
+	// look flat (a CI run beside other jobs saw drafts as nearly free and
+	// kept verifying them).
+	spec := specdec.DefaultOptions()
+	costs := &specdec.VerifyTable{}
+	for rows := 1; rows <= 2*(spec.MaxDraft+1); rows++ {
+		costs.Set(rows, float64(contrarian.CallLatency+time.Duration(rows)*contrarian.Latency)/float64(time.Millisecond))
+	}
 	_, plain := newFakeWith(t, contrarian, Options{})
-	_, fast := newFakeWith(t, contrarian, Options{Spec: specdec.DefaultOptions()})
+	_, fast := newFakeWith(t, contrarian, Options{Spec: spec, VerifyTable: costs})
 	var verified uint64
 	var drafts []uint64
 	for i, q := range []string{"the lamp at dusk, the lamp at dawn", "tides rise and tides fall", "gulls nest, gulls fly"} {
