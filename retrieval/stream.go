@@ -40,7 +40,8 @@ type StreamReport struct {
 // collection batch by batch, holding at most one batch and one file's
 // passages in memory. Passages are keyed by source and span (RemotePID):
 // running it again after a kill skips what is stored, without embedding
-// it again, and never writes a passage twice.
+// it again, and never writes a passage twice. It ends by counting the
+// collection's BM25 statistics (RefreshTermStats).
 func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths ...string) (StreamReport, error) {
 	var rep StreamReport
 	if o.Tokenizer == nil {
@@ -170,18 +171,20 @@ func Stream(ctx context.Context, store *weaviate.Client, o StreamOptions, paths 
 // per page (PhaseStats, in passages).
 func RefreshTermStats(ctx context.Context, store *weaviate.Client, progress func(Progress)) error {
 	gen, err := store.TermStatsGeneration(ctx)
-	if err != nil || gen != "" {
-		return err
+	if err == nil && gen != "" {
+		return nil
 	}
-	total, err := store.Count(ctx)
-	if err != nil {
-		return err
+	total := 0
+	if err == nil {
+		total, err = store.Count(ctx)
 	}
-	_, err = store.RebuildTermStats(ctx, func(n int) {
-		if progress != nil {
-			progress(Progress{Phase: PhaseStats, Done: n, Total: total})
-		}
-	})
+	if err == nil {
+		_, err = store.RebuildTermStats(ctx, func(n int) {
+			if progress != nil {
+				progress(Progress{Phase: PhaseStats, Done: n, Total: total})
+			}
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("%s: term statistics: %w", store, err)
 	}
