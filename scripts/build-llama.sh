@@ -21,10 +21,11 @@
 # ggml's dot product for passes of up to 3 rows, where it is the faster
 # here, and take tinyBLAS from 4 (docs/DESIGN-NOTES.md).
 #
-# In that exact mode the passes of 2 and 3 rows over Q8_0 weights (one
-# row per retrieved passage, or a speculative verification) also take our
-# own fused AVX2 kernel (scripts/llama-q8-rows.patch; Q8_ROWS=off leaves
-# it out): each weight block is loaded, made absolute and its scale
+# In that exact mode the passes of 2 to 8 rows over Q8_0 weights (one
+# row per retrieved passage, or a speculative verification) take our own
+# fused AVX2 kernel instead, and tinyBLAS the weights from 9 rows
+# (scripts/llama-q8-rows.patch; Q8_ROWS=off leaves it out, and the guard
+# at 4): each weight block is loaded, made absolute and its scale
 # widened once for all the rows, while each row's arithmetic stays that
 # of ggml's one-row dot product, so every row is bit for bit what it is
 # in a pass of its own.
@@ -92,15 +93,19 @@ esac
 guard=upstream
 q8rows=off
 if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact}" = exact ]; then
-  guard=weights-under-4-rows
+  guard_rows=4
   case ${Q8_ROWS:-fused} in
-  fused) q8rows=fused-2-3 ;;
+  fused)
+    q8rows=fused-2-8
+    guard_rows=9
+    ;;
   off) ;;
   *)
     echo "error: Q8_ROWS=$Q8_ROWS: fused or off" >&2
     exit 1
     ;;
   esac
+  guard=weights-under-$guard_rows-rows
 fi
 q8patch=$(cd "$(dirname "$0")" && pwd)/llama-q8-rows.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
@@ -142,18 +147,18 @@ tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
 if [ "$guard" != upstream ]; then
   # tinyBLAS's guard against one-row passes becomes one against passes
-  # of under 4 rows of weights: attention's F16 products then take
-  # tinyBLAS at every pass size.
+  # of under 4 (9 with the fused kernel) rows of weights: attention's F16
+  # products then take tinyBLAS at every pass size.
   sgemm="$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
   if [ "$(grep -c '^    if (n < 2)$' "$sgemm")" != 1 ]; then
     echo "error: $sgemm: the one-row guard is not where this script expects it" >&2
     exit 1
   fi
-  sed -i 's/^    if (n < 2)$/    if (n < 4 \&\& Atype != GGML_TYPE_F16)/' "$sgemm"
-  grep -q '^    if (n < 4 && Atype != GGML_TYPE_F16)$' "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
+  sed -i "s/^    if (n < 2)\$/    if (n < $guard_rows \&\& Atype != GGML_TYPE_F16)/" "$sgemm"
+  grep -q "^    if (n < $guard_rows && Atype != GGML_TYPE_F16)\$" "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
 fi
 if [ "$q8rows" != off ]; then
-  # The fused kernel for 2 and 3 rows of Q8_0 weights; patch refuses a
+  # The fused kernel for 2 to 8 rows of Q8_0 weights; patch refuses a
   # source whose lines differ from the patch's context at all.
   patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$q8patch" ||
     { echo "error: $q8patch does not apply to this source" >&2; exit 1; }

@@ -84,10 +84,10 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 }
 
 // Every row of a pass is bit for bit the row decoded alone, whatever the
-// pass size: 2 and 3 rows (Q8_0 weights take the fused 2-3 row kernel of
+// pass size: 2 to 8 rows (Q8_0 weights take the fused kernel of
 // scripts/llama-q8-rows.patch on x86) and 12 (tinyBLAS). The 12 tokens go
-// in consecutive passes of that size, so later passes also read the KV
-// cache of earlier ones.
+// in consecutive passes of that size (8: then 4), so later passes also
+// read the KV cache of earlier ones.
 func TestBatchRowsEqualOneByOne(t *testing.T) {
 	m := loadReal(t)
 	toks := tokens(t, m, passage)[:12]
@@ -105,16 +105,17 @@ func TestBatchRowsEqualOneByOne(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	for _, size := range []int{2, 3, 12} {
+	for _, size := range []int{2, 3, 4, 5, 6, 8, 12} {
 		t.Run(fmt.Sprintf("rows=%d", size), func(t *testing.T) {
 			batched := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
 			for start := 0; start < len(toks); start += size {
+				end := min(start+size, len(toks))
 				b.Reset()
-				for i := start; i < start+size; i++ {
+				for i := start; i < end; i++ {
 					b.Add(toks[i], i, true, 0)
 				}
 				require.NoError(t, batched.Decode(ctx, &b))
-				for i := start; i < start+size; i++ {
+				for i := start; i < end; i++ {
 					got, err := batched.Logits(i-start, nil)
 					require.NoError(t, err)
 					// Bit for bit: every pass size computes a row as a one-row pass does.
