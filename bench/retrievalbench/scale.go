@@ -62,7 +62,10 @@ type ScaleOptions struct {
 	// survives losing a node keeps them); 1 halves what a 2-core machine
 	// ingests without changing what a query visits (one copy of each of
 	// N shards, read at consistency ONE).
-	Replicas    int
+	Replicas int
+	// SearchEf is the engine's query-time HNSW candidate list (0: the
+	// collection's; weaviate.Layout). It may change on a kept collection.
+	SearchEf    int
 	StartEngine func(nodes int) (Cluster, error)
 	// Clients in flight for QPS (default 4).
 	Clients int
@@ -161,6 +164,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			if o.Replicas > 0 {
 				layout.Replicas = min(o.Replicas, nodes)
 			}
+			layout.SearchEf = o.SearchEf
 			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
 			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()

@@ -36,7 +36,9 @@ type retrievalReport struct {
 	// with ScaleVectors ("words" or "random").
 	ScaleVectors string `json:"scale_vectors,omitempty"`
 	// ScaleReplicas is --scale-replicas (0: the default, 2).
-	ScaleReplicas int                                             `json:"scale_replicas,omitempty"`
+	ScaleReplicas int `json:"scale_replicas,omitempty"`
+	// ScaleSearchEf is --scale-search-ef (0: the collection's).
+	ScaleSearchEf int                                             `json:"scale_search_ef,omitempty"`
 	Scale         map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
 }
 
@@ -53,7 +55,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		script                  string
 		queries                 int
 		scaleMode, scaleVectors string
-		replicas                int
+		replicas, searchEf      int
 		keep                    string
 	)
 	cmd := &cobra.Command{
@@ -166,8 +168,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors, rep.ScaleReplicas = scaleVectors, replicas
-				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Mode: mode, Backends: backends, Replicas: replicas, Log: logf}
+				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf = scaleVectors, replicas, searchEf
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Log: logf}
 				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
@@ -196,6 +198,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
+	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
 	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
 	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")
 	return cmd

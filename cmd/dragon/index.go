@@ -33,6 +33,7 @@ type indexFlags struct {
 	// passages into instead of an index folder.
 	remote           string
 	shards, replicas int
+	searchEf         int
 	batch            int
 }
 
@@ -82,6 +83,7 @@ trained for retrieval).`,
 		f.IntVar(&fl.shards, "shards", 1, "with --retrieval: shards of a new collection")
 		f.IntVar(&fl.replicas, "replicas", 1, "with --retrieval: replicas of each shard of a new collection (2 survive losing a node)")
 		f.IntVar(&fl.batch, "batch", 128, "with --retrieval: passages per request")
+		f.IntVar(&fl.searchEf, "search-ef", 0, "with --retrieval: the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
 	}
 	add.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "with --retrieval: tokens per passage (the collection's)")
 	add.Flags().IntVar(&fl.overlap, "overlap", retrieval.DefaultOverlap, "with --retrieval: tokens shared by consecutive passages")
@@ -443,7 +445,7 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	defer m.Close()
 	opts := retrieval.StreamOptions{
 		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
-		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas},
+		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf},
 	}
 	if spec, err := store.Spec(ctx); err == nil {
 		// An existing collection is filled as it was made.

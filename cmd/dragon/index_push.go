@@ -15,7 +15,7 @@ func newIndexPushCmd(fl *indexFlags) *cobra.Command {
 	var (
 		to               string
 		shards, replicas int
-		batch            int
+		batch, searchEf  int
 	)
 	cmd := &cobra.Command{
 		Use:   "push --dir DIR --to weaviate://HOST:PORT/COLLECTION",
@@ -41,7 +41,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 			defer ix.Close()
 			start := time.Now()
 			bar := newProgressBar(os.Stderr, fl.quiet)
-			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas}, batch, bar.update)
+			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf}, batch, bar.update)
 			bar.done()
 			printNotStored(os.Stderr, failed, fl.maxErrors)
 			if err != nil {
@@ -63,6 +63,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 	cmd.Flags().IntVar(&shards, "shards", 1, "shards of a new collection")
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of each shard of a new collection")
 	cmd.Flags().IntVar(&batch, "batch", 256, "passages per request")
+	cmd.Flags().IntVar(&searchEf, "search-ef", 0, "the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
 	cobra.MarkFlagRequired(cmd.Flags(), "to")
 	return cmd
 }

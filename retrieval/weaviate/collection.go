@@ -1,6 +1,7 @@
 package weaviate
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,7 +32,17 @@ type Layout struct {
 	// Shards (default 1) and Replicas (default 1; 2 or more survive losing
 	// a node).
 	Shards, Replicas int
+	// SearchEf is the length of the HNSW graph's candidate list at query
+	// time (0: defaultSearchEf for a new collection, an existing one's
+	// left as it is). Unlike the layout it can change on a collection
+	// that holds passages, and it changes no stored data: a longer list
+	// finds more of the true nearest vectors for proportionally more
+	// search time.
+	SearchEf int
 }
+
+// defaultSearchEf is a new collection's query-time candidate list.
+const defaultSearchEf = 256
 
 // specPrefix marks our description of a collection.
 const specPrefix = "dragon passages v1 "
@@ -39,11 +50,17 @@ const specPrefix = "dragon passages v1 "
 // EnsureCollection creates the collection for spec, or checks that the
 // existing one was made for the same spec, and returns the spec it holds.
 func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout) error {
+	if layout.SearchEf < 0 {
+		return fmt.Errorf("%w: search ef %d: want 0 (the collection's) or more", ErrInvalid, layout.SearchEf)
+	}
 	got, err := c.Spec(ctx)
 	switch {
 	case err == nil:
 		if got != spec {
 			return fmt.Errorf("%w: collection %s holds passages made for %+v, not %+v (another embedder or chunking: use another collection)", ErrInvalid, c.cfg.Collection, got, spec)
+		}
+		if layout.SearchEf > 0 {
+			return c.SetSearchEf(ctx, layout.SearchEf)
 		}
 		return nil
 	case !errors.Is(err, ErrNoCollection):
@@ -59,7 +76,7 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 		"vectorizer":  "none",
 		"vectorIndexConfig": map[string]any{
 			"distance":       "cosine",
-			"ef":             256,
+			"ef":             cmp.Or(layout.SearchEf, defaultSearchEf),
 			"efConstruction": 128,
 			"maxConnections": 32,
 		},
@@ -91,6 +108,47 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 		return fmt.Errorf("create collection %s: %w", c.cfg.Collection, err)
 	}
 	return nil
+}
+
+// SearchEf returns the collection's query-time candidate list (Layout).
+func (c *Client) SearchEf(ctx context.Context) (int, error) {
+	_, ef, err := c.vectorIndexConfig(ctx)
+	return ef, err
+}
+
+// SetSearchEf changes the collection's query-time candidate list
+// (Layout.SearchEf) if it differs.
+func (c *Client) SetSearchEf(ctx context.Context, ef int) error {
+	if ef < 1 {
+		return fmt.Errorf("%w: search ef %d: want at least 1", ErrInvalid, ef)
+	}
+	class, have, err := c.vectorIndexConfig(ctx)
+	if err != nil || have == ef {
+		return err
+	}
+	class["vectorIndexConfig"].(map[string]any)["ef"] = ef
+	if err := c.do(ctx, http.MethodPut, "/v1/schema/"+c.cfg.Collection, class, nil); err != nil {
+		return fmt.Errorf("set search ef of %s to %d: %w", c.cfg.Collection, ef, err)
+	}
+	return nil
+}
+
+// vectorIndexConfig reads the collection's class (whole, as an update
+// must send it back) and its vector index's ef.
+func (c *Client) vectorIndexConfig(ctx context.Context) (map[string]any, int, error) {
+	var class map[string]any
+	if err := c.do(ctx, http.MethodGet, "/v1/schema/"+c.cfg.Collection, nil, &class); err != nil {
+		return nil, 0, err
+	}
+	vic, ok := class["vectorIndexConfig"].(map[string]any)
+	if !ok {
+		return nil, 0, fmt.Errorf("weaviate: collection %s has no vector index config", c.cfg.Collection)
+	}
+	ef, ok := vic["ef"].(float64)
+	if !ok {
+		return nil, 0, fmt.Errorf("weaviate: collection %s: vector index ef is %v", c.cfg.Collection, vic["ef"])
+	}
+	return class, int(ef), nil
 }
 
 func prop(name, typ, tokenization string, filterable, searchable bool) map[string]any {

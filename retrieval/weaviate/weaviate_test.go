@@ -53,6 +53,18 @@ func TestCollectionRoundTrip(t *testing.T) {
 	other.Embedder = "another"
 	require.ErrorIs(t, c.EnsureCollection(ctx, other, Layout{}), ErrInvalid)
 
+	// The query-time candidate list: the default at creation, changed on
+	// the existing collection, kept when a layout leaves it out.
+	ef, err := c.SearchEf(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, defaultSearchEf, ef)
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{SearchEf: 700}))
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{}))
+	ef, err = c.SearchEf(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 700, ef)
+	require.ErrorIs(t, c.EnsureCollection(ctx, spec, Layout{SearchEf: -1}), ErrInvalid)
+
 	for range 2 {
 		failed, err := c.Upsert(ctx, testObjects())
 		require.NoError(t, err)
