@@ -1,6 +1,8 @@
 // Package enginebench measures the costs the speculative decoders are sized
 // by: one-token decode, k-token verification of one sequence, one token for
-// each of k sequences in one call, and prefill throughput.
+// each of k sequences in one call, and prefill throughput; and, to compare
+// with llama.cpp's llama-bench, k tokens of one sequence with only the last
+// row's logits.
 package enginebench
 
 import (
@@ -15,12 +17,16 @@ import (
 
 // Result is the JSON printed by `dragon bench engine`.
 type Result struct {
-	Model       string             `json:"model"`
-	Threads     int                `json:"threads"`
-	CtxTokens   int                `json:"ctx_tokens"`
-	Reps        int                `json:"reps"`
-	DecodeMS    float64            `json:"decode_ms"`
-	VerifyMS    map[string]float64 `json:"verify_ms"`
+	Model     string             `json:"model"`
+	Threads   int                `json:"threads"`
+	CtxTokens int                `json:"ctx_tokens"`
+	Reps      int                `json:"reps"`
+	DecodeMS  float64            `json:"decode_ms"`
+	VerifyMS  map[string]float64 `json:"verify_ms"`
+	// PromptMS is VerifyMS's passes with the logits of the last row only:
+	// the work llama-bench's -p k -d CtxTokens times. Verification needs
+	// every row's (a 576 × 49,152 output product per row for SmolLM2).
+	PromptMS    map[string]float64 `json:"prompt_ms"`
 	MultiseqMS  map[string]float64 `json:"multiseq_ms"`
 	PrefillTokS float64            `json:"prefill_tok_s"`
 	// Ratios the issue's targets are stated in.
@@ -61,7 +67,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	}
 	res := &Result{
 		Model: m.Info().Name, Threads: opts.Threads, CtxTokens: opts.CtxTokens, Reps: opts.Reps,
-		VerifyMS: map[string]float64{}, MultiseqMS: map[string]float64{},
+		VerifyMS: map[string]float64{}, PromptMS: map[string]float64{}, MultiseqMS: map[string]float64{},
 	}
 	maxSeqs := MultiseqSizes[len(MultiseqSizes)-1]
 	c, err := m.NewContext(engine.ContextOptions{
@@ -96,17 +102,23 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	next := prompt[:16]
 	pos := len(prompt)
 	for _, k := range VerifySizes {
-		v, err := median(opts.Reps, func() (time.Duration, error) {
-			b.Reset()
-			for j := range k {
-				b.Add(next[j], pos+j, true, 0)
+		for _, every := range []bool{true, false} {
+			v, err := median(opts.Reps, func() (time.Duration, error) {
+				b.Reset()
+				for j := range k {
+					b.Add(next[j], pos+j, every || j == k-1, 0)
+				}
+				return timed(ctx, c, b, func() error { return c.Truncate(0, pos) })
+			})
+			if err != nil {
+				return nil, fmt.Errorf("verify %d (logits of every row: %v): %w", k, every, err)
 			}
-			return timed(ctx, c, b, func() error { return c.Truncate(0, pos) })
-		})
-		if err != nil {
-			return nil, fmt.Errorf("verify %d: %w", k, err)
+			if every {
+				res.VerifyMS[strconv.Itoa(k)] = v
+			} else {
+				res.PromptMS[strconv.Itoa(k)] = v
+			}
 		}
-		res.VerifyMS[strconv.Itoa(k)] = v
 	}
 	res.DecodeMS = res.VerifyMS["1"]
 	for _, k := range MultiseqSizes {
@@ -202,25 +214,28 @@ func timed(ctx context.Context, c engine.Context, b *engine.Batch, undo func() e
 	return d, undo()
 }
 
-// Repeat decodes passes of rows tokens of one sequence (all rows asking for
-// logits, as verification does) at CtxTokens of context, over and over for
-// about dur, and returns the mean ms per pass. It exists for an outside
-// profiler: `perf record -g dragon bench engine --only-rows 2` shows which
-// kernels a pass of that many rows runs, without the other figures' passes
-// mixed in.
-func Repeat(ctx context.Context, m engine.Model, opts Options, rows int, dur time.Duration) (float64, error) {
+// Repeat decodes passes of rows tokens of each of seqs sequences (all rows
+// asking for logits, as verification and multi-passage decoding do) at
+// CtxTokens of context, over and over for about dur, and returns the mean
+// ms per pass. It exists for an outside profiler: `perf record -g dragon
+// bench engine --only-rows 2` shows which kernels a pass of that many rows
+// runs, without the other figures' passes mixed in.
+func Repeat(ctx context.Context, m engine.Model, opts Options, rows, seqs int, dur time.Duration) (float64, error) {
 	if opts.CtxTokens <= 0 {
 		opts.CtxTokens = 256
 	}
 	if rows < 1 || rows > opts.CtxTokens {
 		return 0, fmt.Errorf("%w: %d rows per pass (want 1..%d)", engine.ErrInvalidInput, rows, opts.CtxTokens)
 	}
+	if seqs < 1 {
+		return 0, fmt.Errorf("%w: %d sequences (want at least 1)", engine.ErrInvalidInput, seqs)
+	}
 	prompt, err := filler(m, opts.CtxTokens)
 	if err != nil {
 		return 0, err
 	}
 	c, err := m.NewContext(engine.ContextOptions{
-		CtxPerSeq: opts.CtxTokens + rows, MaxSeqs: 1, BatchSize: opts.CtxTokens, Threads: opts.Threads, Unified: opts.Unified,
+		CtxPerSeq: opts.CtxTokens + rows, MaxSeqs: seqs, BatchSize: max(opts.CtxTokens, rows*seqs), Threads: opts.Threads, Unified: opts.Unified,
 	})
 	if err != nil {
 		return 0, err
@@ -231,14 +246,28 @@ func Repeat(ctx context.Context, m engine.Model, opts Options, rows int, dur tim
 		return 0, fmt.Errorf("prefill: %w", err)
 	}
 	pos := len(prompt)
+	for s := 1; s < seqs; s++ {
+		if err := c.CopySeq(0, s, 0, pos); err != nil {
+			return 0, err
+		}
+	}
 	var spent time.Duration
 	passes := 0
 	for passes == 0 || spent < dur {
 		b.Reset()
-		for j := range rows {
-			b.Add(prompt[j], pos+j, true, 0)
+		for s := range seqs {
+			for j := range rows {
+				b.Add(prompt[j], pos+j, true, s)
+			}
 		}
-		d, err := timed(ctx, c, b, func() error { return c.Truncate(0, pos) })
+		d, err := timed(ctx, c, b, func() error {
+			for s := range seqs {
+				if err := c.Truncate(s, pos); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 		if err != nil {
 			return 0, err
 		}

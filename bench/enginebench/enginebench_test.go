@@ -18,6 +18,7 @@ func TestRunReportsEveryFigure(t *testing.T) {
 	require.NoError(t, err)
 	for _, k := range VerifySizes {
 		assert.Contains(t, res.VerifyMS, itoa(k))
+		assert.Contains(t, res.PromptMS, itoa(k))
 	}
 	for _, k := range MultiseqSizes {
 		assert.Contains(t, res.MultiseqMS, itoa(k))
@@ -28,14 +29,16 @@ func TestRunReportsEveryFigure(t *testing.T) {
 
 func TestRepeat(t *testing.T) {
 	m := fake.New(fake.Config{})
-	ms, err := Repeat(context.Background(), m, Options{CtxTokens: 32}, 4, 5*time.Millisecond)
+	ms, err := Repeat(context.Background(), m, Options{CtxTokens: 32}, 4, 2, 5*time.Millisecond)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, ms, 0.0)
 
 	for _, rows := range []int{0, -1, 33} {
-		_, err := Repeat(context.Background(), m, Options{CtxTokens: 32}, rows, time.Millisecond)
+		_, err := Repeat(context.Background(), m, Options{CtxTokens: 32}, rows, 1, time.Millisecond)
 		assert.ErrorIs(t, err, engine.ErrInvalidInput, "rows %d", rows)
 	}
+	_, err = Repeat(context.Background(), m, Options{CtxTokens: 32}, 1, 0, time.Millisecond)
+	assert.ErrorIs(t, err, engine.ErrInvalidInput, "no sequences")
 }
 
 func itoa(k int) string { return strconv.Itoa(k) }

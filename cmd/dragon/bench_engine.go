@@ -17,7 +17,7 @@ func newBenchEngineCmd() *cobra.Command {
 	var (
 		modelPath, profile string
 		threads, reps, ctx int
-		onlyRows           int
+		onlyRows, onlySeqs int
 		seconds            float64
 		asJSON, unified    bool
 	)
@@ -41,12 +41,12 @@ func newBenchEngineCmd() *cobra.Command {
 				},
 			}
 			if onlyRows > 0 {
-				ms, err := enginebench.Repeat(cmd.Context(), m, opts, onlyRows, time.Duration(seconds*float64(time.Second)))
+				ms, err := enginebench.Repeat(cmd.Context(), m, opts, onlyRows, onlySeqs, time.Duration(seconds*float64(time.Second)))
 				stop()
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d-row passes: %.2f ms each\n", onlyRows, ms)
+				fmt.Fprintf(cmd.OutOrStdout(), "%d-row passes: %.2f ms each (%d rows of each of %d sequences)\n", onlyRows*onlySeqs, ms, onlyRows, onlySeqs)
 				return nil
 			}
 			res, err := enginebench.Run(cmd.Context(), m, opts)
@@ -61,7 +61,7 @@ func newBenchEngineCmd() *cobra.Command {
 			fmt.Fprintf(out, "model %s, %d threads, context %d, median of %d\n", res.Model, res.Threads, res.CtxTokens, res.Reps)
 			fmt.Fprintf(out, "decode %.2f ms, prefill %.0f tok/s\n", res.DecodeMS, res.PrefillTokS)
 			for _, k := range enginebench.VerifySizes {
-				fmt.Fprintf(out, "verify %2d tokens: %.2f ms\n", k, res.VerifyMS[fmt.Sprint(k)])
+				fmt.Fprintf(out, "verify %2d tokens: %.2f ms (last row's logits only: %.2f ms)\n", k, res.VerifyMS[fmt.Sprint(k)], res.PromptMS[fmt.Sprint(k)])
 			}
 			for _, k := range enginebench.MultiseqSizes {
 				fmt.Fprintf(out, "%d sequences × 1 token: %.2f ms\n", k, res.MultiseqMS[fmt.Sprint(k)])
@@ -79,7 +79,8 @@ func newBenchEngineCmd() *cobra.Command {
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.BoolVar(&unified, "unified", false, "one KV buffer for all sequences")
 	f.StringVar(&profile, "cpuprofile", "", "write a Go CPU profile")
-	f.IntVar(&onlyRows, "only-rows", 0, "only repeat passes of this many rows of one sequence (for perf record)")
+	f.IntVar(&onlyRows, "only-rows", 0, "only repeat passes of this many rows of each sequence (for perf record)")
+	f.IntVar(&onlySeqs, "only-seqs", 1, "with --only-rows: sequences in each pass")
 	f.Float64Var(&seconds, "seconds", 10, "how long --only-rows repeats")
 	return cmd
 }

@@ -114,10 +114,11 @@ type Client struct {
 	http *http.Client
 
 	mu sync.Mutex
-	// consistency is the read consistency argument of GraphQL queries,
-	// known once the collection's replication factor was read: Weaviate
-	// offers the argument only on replicated collections.
-	consistency *string
+	// factor is the collection's replication factor, once read (0 until
+	// then): it fixes the read consistency argument of GraphQL queries
+	// (Weaviate offers it only on replicated collections) and the term
+	// statistics class's replication.
+	factor int
 }
 
 // New returns a client; it does not contact the engine.
@@ -217,10 +218,20 @@ func errorText(body []byte) string {
 // replica: a replica that is down must not fail or stall the query (QUORUM,
 // the default, waited out the whole timeout with one of three nodes down).
 func (c *Client) readConsistency(ctx context.Context) (string, error) {
+	factor, err := c.replicationFactor(ctx)
+	if err != nil || factor < 2 {
+		return "", err
+	}
+	return ", consistencyLevel: ONE", nil
+}
+
+// replicationFactor reads the collection's replication factor, once per
+// client.
+func (c *Client) replicationFactor(ctx context.Context) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.consistency != nil {
-		return *c.consistency, nil
+	if c.factor > 0 {
+		return c.factor, nil
 	}
 	var class struct {
 		Replication struct {
@@ -228,14 +239,10 @@ func (c *Client) readConsistency(ctx context.Context) (string, error) {
 		} `json:"replicationConfig"`
 	}
 	if err := c.do(ctx, http.MethodGet, "/v1/schema/"+c.cfg.Collection, nil, &class); err != nil {
-		return "", err
+		return 0, err
 	}
-	arg := ""
-	if class.Replication.Factor > 1 {
-		arg = ", consistencyLevel: ONE"
-	}
-	c.consistency = &arg
-	return arg, nil
+	c.factor = max(1, class.Replication.Factor)
+	return c.factor, nil
 }
 
 // Ready reports whether the node answers and is ready.

@@ -280,12 +280,8 @@ func (c *Client) ensureStatsClass(ctx context.Context) error {
 	if !errors.Is(err, ErrNoCollection) {
 		return err
 	}
-	var main struct {
-		Replication struct {
-			Factor int `json:"factor"`
-		} `json:"replicationConfig"`
-	}
-	if err := c.do(ctx, http.MethodGet, "/v1/schema/"+c.cfg.Collection, nil, &main); err != nil {
+	factor, err := c.replicationFactor(ctx)
+	if err != nil {
 		return err
 	}
 	class := map[string]any{
@@ -293,7 +289,7 @@ func (c *Client) ensureStatsClass(ctx context.Context) error {
 		"description":       "dragon: BM25 term statistics of " + c.cfg.Collection,
 		"vectorizer":        "none",
 		"vectorIndexConfig": map[string]any{"skip": true},
-		"replicationConfig": map[string]any{"factor": max(1, main.Replication.Factor)},
+		"replicationConfig": map[string]any{"factor": factor},
 		"properties": []map[string]any{
 			prop("kind", "text", "field", true, false),
 			prop("generation", "text", "field", true, false),
