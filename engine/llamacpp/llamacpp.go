@@ -80,6 +80,10 @@ type Model struct {
 	eog       []bool
 	tmpl      string
 	footprint Footprint
+	// oneCache: the model's memory is one plain KV cache (no sliding
+	// window, no recurrent state), whose sequence states SeqState can
+	// make independent of the context's stream count.
+	oneCache bool
 
 	// mu guards c and vocab: calls into them hold it for reading, so that
 	// Unload (which holds it for writing) never frees a model in use.
@@ -120,6 +124,7 @@ func Load(path string, opts Options) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{c: cm, vocab: C.llama_model_get_vocab(cm), threads: opts.Threads}
+	m.oneCache = C.llama_model_n_swa(cm) == 0 && !bool(C.llama_model_is_recurrent(cm)) && !bool(C.llama_model_is_hybrid(cm))
 	if m.threads <= 0 {
 		m.threads = runtime.NumCPU()
 	}
@@ -713,7 +718,81 @@ func (c *Context) SeqState(seq int) ([]byte, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("llamacpp: could not save the state of sequence %d", seq)
 	}
-	return buf[:n], nil
+	if !c.model.oneCache {
+		return buf[:n], nil
+	}
+	state, err := portableSeqState(buf[:n], c.streams())
+	if err != nil {
+		return nil, fmt.Errorf("llamacpp: sequence %d: %w", seq, err)
+	}
+	return state, nil
+}
+
+// seqStateMagic opens a sequence state that names no stream count.
+//
+// llama.cpp writes a sequence's state as its magic number, the sequence's
+// id, the context's stream count (one stream per sequence without a
+// unified KV cache, so MaxSeqs), then a cell count for every stream, all
+// zero but that of the sequence's own, which its cells follow; and it
+// loads a state only into a context of the same stream count ("n_stream
+// mismatch"). Two daemons, or a cache and the context that reads it,
+// rarely agree on MaxSeqs, so SeqState keeps the magic number and only the
+// one stream's count and cells, and SetSeqState writes them back as stream
+// 0 of this context's count: llama.cpp loads a stream's cells into the
+// destination sequence's own stream whichever stream they came from (and
+// reads the id it was saved from only to skip it).
+var seqStateMagic = []byte("dragon-seq-state-1\n")
+
+// streams is the stream count llama.cpp gave this context.
+func (c *Context) streams() int {
+	if c.unified {
+		return 1
+	}
+	return c.opts.MaxSeqs
+}
+
+// portableSeqState strips raw's sequence id, stream count and empty
+// streams.
+func portableSeqState(raw []byte, streams int) ([]byte, error) {
+	const head = 12 // magic, sequence id, stream count
+	if len(raw) < head || binary.LittleEndian.Uint32(raw[8:]) != uint32(streams) {
+		return nil, fmt.Errorf("the state does not name the context's %d streams", streams)
+	}
+	off, k := head, 0
+	for ; k < streams; k++ {
+		if off+4 > len(raw) {
+			return nil, fmt.Errorf("the state ends after %d empty streams", k)
+		}
+		if binary.LittleEndian.Uint32(raw[off:]) != 0 {
+			break
+		}
+		off += 4
+	}
+	end := len(raw) - 4*(streams-k-1)
+	if k == streams || end <= off+4 {
+		return nil, fmt.Errorf("the state holds no cells")
+	}
+	for i := end; i < len(raw); i += 4 {
+		if binary.LittleEndian.Uint32(raw[i:]) != 0 {
+			return nil, fmt.Errorf("the state holds cells in more than one stream")
+		}
+	}
+	out := make([]byte, 0, len(seqStateMagic)+4+end-off)
+	out = append(append(out, seqStateMagic...), raw[:4]...)
+	return append(out, raw[off:end]...), nil
+}
+
+// rawSeqState is the inverse of portableSeqState for a context of streams.
+func rawSeqState(state []byte, streams int) ([]byte, bool) {
+	body, ok := bytes.CutPrefix(state, seqStateMagic)
+	if !ok || len(body) < 8 {
+		return nil, false
+	}
+	raw := make([]byte, 12+len(body)-4+4*(streams-1))
+	copy(raw, body[:4]) // llama.cpp's magic; the sequence id stays 0
+	binary.LittleEndian.PutUint32(raw[8:], uint32(streams))
+	copy(raw[12:], body[4:]) // the streams after the first stay empty (zero)
+	return raw, true
 }
 
 // SetSeqState implements engine.Context.
@@ -726,6 +805,13 @@ func (c *Context) SetSeqState(seq int, state []byte, n int) error {
 	}
 	if len(state) == 0 {
 		return fmt.Errorf("%w: empty sequence state", engine.ErrInvalidInput)
+	}
+	if c.model.oneCache {
+		raw, ok := rawSeqState(state, c.streams())
+		if !ok {
+			return fmt.Errorf("%w: not a sequence state of this engine (%d bytes)", engine.ErrInvalidInput, len(state))
+		}
+		state = raw
 	}
 	if err := c.lens.Load(seq, n); err != nil {
 		return err
