@@ -516,6 +516,10 @@ type Context struct {
 	tok, pos, nseq, seqs []int32
 	logit                []int8
 	rows                 []bool // rows of the last decode that have logits
+	// scratch holds llama.cpp's form of a sequence state on its way in or
+	// out, reused: a warm restore of a few MB then costs one copy, not an
+	// allocation.
+	scratch []byte
 
 	abortMu        sync.Mutex
 	inFlight       bool
@@ -713,7 +717,13 @@ func (c *Context) SeqState(seq int) ([]byte, error) {
 		return nil, fmt.Errorf("%w: no state in sequence %d", engine.ErrInvalidInput, seq)
 	}
 	size := C.llama_state_seq_get_size(c.lc, C.llama_seq_id(seq))
-	buf := make([]byte, size)
+	var buf []byte
+	if c.model.oneCache {
+		c.scratch = sized(c.scratch, int(size))
+		buf = c.scratch
+	} else {
+		buf = make([]byte, size)
+	}
 	n := C.llama_state_seq_get_data(c.lc, (*C.uint8_t)(unsafe.Pointer(&buf[0])), size, C.llama_seq_id(seq))
 	if n == 0 {
 		return nil, fmt.Errorf("llamacpp: could not save the state of sequence %d", seq)
@@ -721,6 +731,7 @@ func (c *Context) SeqState(seq int) ([]byte, error) {
 	if !c.model.oneCache {
 		return buf[:n], nil
 	}
+	// The state is returned, so it cannot stay in scratch.
 	state, err := portableSeqState(buf[:n], c.streams())
 	if err != nil {
 		return nil, fmt.Errorf("llamacpp: sequence %d: %w", seq, err)
@@ -782,17 +793,28 @@ func portableSeqState(raw []byte, streams int) ([]byte, error) {
 	return append(out, raw[off:end]...), nil
 }
 
-// rawSeqState is the inverse of portableSeqState for a context of streams.
-func rawSeqState(state []byte, streams int) ([]byte, bool) {
+// rawSeqState is the inverse of portableSeqState for a context of streams,
+// written into buf (grown if it is too small).
+func rawSeqState(buf, state []byte, streams int) ([]byte, bool) {
 	body, ok := bytes.CutPrefix(state, seqStateMagic)
 	if !ok || len(body) < 8 {
 		return nil, false
 	}
-	raw := make([]byte, 12+len(body)-4+4*(streams-1))
-	copy(raw, body[:4]) // llama.cpp's magic; the sequence id stays 0
+	raw := sized(buf, 12+len(body)-4+4*(streams-1))
+	copy(raw, body[:4]) // llama.cpp's magic
+	binary.LittleEndian.PutUint32(raw[4:], 0)
 	binary.LittleEndian.PutUint32(raw[8:], uint32(streams))
-	copy(raw[12:], body[4:]) // the streams after the first stay empty (zero)
+	cells := copy(raw[12:], body[4:])
+	clear(raw[12+cells:]) // the streams after the first are empty
 	return raw, true
+}
+
+// sized returns buf resliced to n bytes, or a new buffer if it is smaller.
+func sized(buf []byte, n int) []byte {
+	if cap(buf) < n {
+		return make([]byte, n)
+	}
+	return buf[:n]
 }
 
 // SetSeqState implements engine.Context.
@@ -807,11 +829,11 @@ func (c *Context) SetSeqState(seq int, state []byte, n int) error {
 		return fmt.Errorf("%w: empty sequence state", engine.ErrInvalidInput)
 	}
 	if c.model.oneCache {
-		raw, ok := rawSeqState(state, c.streams())
+		raw, ok := rawSeqState(c.scratch, state, c.streams())
 		if !ok {
 			return fmt.Errorf("%w: not a sequence state of this engine (%d bytes)", engine.ErrInvalidInput, len(state))
 		}
-		state = raw
+		c.scratch, state = raw, raw
 	}
 	if err := c.lens.Load(seq, n); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package llamacpp
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -553,8 +554,13 @@ func TestPortableSeqStateRejectsWhatItCannotMove(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			back, ok := rawSeqState(state, tc.streams)
+			back, ok := rawSeqState(nil, state, tc.streams)
 			require.True(t, ok)
+			// A reused buffer of old bytes gives the same.
+			dirty := bytes.Repeat([]byte{0xff}, len(back)+8)
+			again, ok := rawSeqState(dirty, state, tc.streams)
+			require.True(t, ok)
+			assert.Equal(t, back, again)
 			// Back as stream 0 of the same count: the same cells, the
 			// other streams empty.
 			assert.Equal(t, cat(head(0, uint32(tc.streams)), le(2), cells, make([]byte, 4*(tc.streams-1))), back)
