@@ -127,14 +127,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 			for s := range k {
 				b.Add(next[s], pos, true, s)
 			}
-			return timed(ctx, c, b, func() error {
-				for s := range k {
-					if err := c.Truncate(s, pos); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+			return timed(ctx, c, b, func() error { return truncateSeqs(c, k, pos) })
 		})
 		if err != nil {
 			return nil, fmt.Errorf("multiseq %d: %w", k, err)
@@ -214,6 +207,16 @@ func timed(ctx context.Context, c engine.Context, b *engine.Batch, undo func() e
 	return d, undo()
 }
 
+// truncateSeqs cuts sequences 0..n-1 back to pos positions.
+func truncateSeqs(c engine.Context, n, pos int) error {
+	for s := range n {
+		if err := c.Truncate(s, pos); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Repeat decodes passes of rows tokens of each of seqs sequences (all rows
 // asking for logits, as verification and multi-passage decoding do) at
 // CtxTokens of context, over and over for about dur, and returns the mean
@@ -260,14 +263,7 @@ func Repeat(ctx context.Context, m engine.Model, opts Options, rows, seqs int, d
 				b.Add(prompt[j], pos+j, true, s)
 			}
 		}
-		d, err := timed(ctx, c, b, func() error {
-			for s := range seqs {
-				if err := c.Truncate(s, pos); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		d, err := timed(ctx, c, b, func() error { return truncateSeqs(c, seqs, pos) })
 		if err != nil {
 			return 0, err
 		}
