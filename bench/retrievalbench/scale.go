@@ -2,6 +2,7 @@ package retrievalbench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -53,6 +54,11 @@ type ScaleOptions struct {
 	Tokenizer retrieval.Tokenizer
 	Embedder  retrieval.Embedder
 	Queries   []string
+	// Warmup are other queries run first on each backend, unmeasured, so
+	// that the latencies are those of a serving engine rather than of one
+	// just started on cold files; none of them is a measured query, whose
+	// terms would then be cached.
+	Warmup []string
 	// Mode of the queries (default hybrid); recall is against the exact
 	// search of the same mode.
 	Mode retrieval.Mode
@@ -199,6 +205,10 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 		default:
 			return out, fmt.Errorf("unknown backend %q (bleve, engine-N)", b)
 		}
+		if err := warm(ctx, s, o.Mode, o.Warmup, o.Clients); err != nil {
+			stop()
+			return out, fmt.Errorf("%s: warm-up: %w", b, err)
+		}
 		p, err := measure(ctx, s, o.Mode, o.Queries, ref, o.Clients)
 		if err != nil {
 			stop()
@@ -262,6 +272,24 @@ func hitKeys(hits []retrieval.Hit) []string {
 		out[i] = fmt.Sprintf("%s@%d", h.Passage.Source, h.Passage.Start)
 	}
 	return out
+}
+
+// warm runs queries from clients goroutines at once, for their effect on
+// the engine's caches only.
+func warm(ctx context.Context, s retrieval.Searcher, mode retrieval.Mode, queries []string, clients int) error {
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := c; i < len(queries) && errs[c] == nil; i += clients {
+				_, errs[c] = s.Search(ctx, queries[i], 10, mode)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // measure runs the queries one at a time (latency, recall), then from

@@ -2,8 +2,10 @@ package retrievalbench
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -48,6 +50,33 @@ func TestMeasureRecall(t *testing.T) {
 
 	assert.Greater(t, rssOf(os.Getpid()), int64(1<<20), "this process's resident memory")
 	assert.Zero(t, rssOf(-1))
+}
+
+// countingSearcher counts the queries it is asked and fails on "bad".
+type countingSearcher struct {
+	mu    sync.Mutex
+	asked map[string]int
+}
+
+func (c *countingSearcher) Search(_ context.Context, q string, _ int, _ retrieval.Mode) ([]retrieval.Hit, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.asked[q]++
+	if q == "bad" {
+		return nil, errors.New("engine down")
+	}
+	return nil, nil
+}
+
+func TestWarmAsksEveryQueryOnce(t *testing.T) {
+	s := &countingSearcher{asked: map[string]int{}}
+	queries := []string{"a", "b", "c", "d", "e"}
+	require.NoError(t, warm(t.Context(), s, retrieval.ModeHybrid, queries, 2))
+	assert.Equal(t, map[string]int{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1}, s.asked)
+	require.NoError(t, warm(t.Context(), s, retrieval.ModeHybrid, nil, 4), "no warm-up")
+
+	err := warm(t.Context(), s, retrieval.ModeHybrid, []string{"x", "bad", "y"}, 3)
+	assert.ErrorContains(t, err, "engine down")
 }
 
 // byteTokenizer makes every byte a token.

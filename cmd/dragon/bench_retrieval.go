@@ -38,8 +38,11 @@ type retrievalReport struct {
 	// ScaleReplicas is --scale-replicas (0: the default, 2).
 	ScaleReplicas int `json:"scale_replicas,omitempty"`
 	// ScaleSearchEf is --scale-search-ef (0: the collection's).
-	ScaleSearchEf int                                             `json:"scale_search_ef,omitempty"`
-	Scale         map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
+	ScaleSearchEf int `json:"scale_search_ef,omitempty"`
+	// ScaleWarmup is --warmup: unmeasured questions asked of each backend
+	// before the measured ones.
+	ScaleWarmup int                                             `json:"scale_warmup_queries,omitempty"`
+	Scale       map[string]map[string]retrievalbench.ScalePoint `json:"scale,omitempty"`
 }
 
 func newBenchRetrievalCmd() *cobra.Command {
@@ -53,7 +56,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		sizes                   []int
 		backends                []string
 		script                  string
-		queries                 int
+		queries, warmup         int
 		scaleMode, scaleVectors string
 		replicas, searchEf      int
 		keep                    string
@@ -149,14 +152,20 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				rep.Quality = &res
 			}
 			if len(sizes) > 0 {
-				var qs []string
+				// Half the questions from each set, and the warm-up's from
+				// the questions after those.
+				var qs, ws []string
 				for _, f := range []string{"nq.test.tsv", "trivia.test.tsv"} {
 					q, err := retrievalbench.LoadQuestions(filepath.Join(questions, f))
 					if err != nil {
 						return err
 					}
-					for _, x := range q[:min(len(q), queries/2)] {
+					measured := min(len(q), queries/2)
+					for _, x := range q[:measured] {
 						qs = append(qs, x.Text)
+					}
+					for _, x := range q[measured:min(len(q), measured+warmup/2)] {
+						ws = append(ws, x.Text)
 					}
 				}
 				mode, err := retrieval.ParseMode(scaleMode)
@@ -168,8 +177,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf = scaleVectors, replicas, searchEf
-				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Log: logf}
+				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleWarmup = scaleVectors, replicas, searchEf, len(ws)
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Log: logf}
 				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
@@ -196,6 +205,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.StringSliceVar(&backends, "backends", []string{"bleve", "engine-1", "engine-3"}, "scale run backends: bleve, engine-N (N Weaviate nodes on loopback)")
 	f.StringVar(&script, "cluster-script", "deploy/weaviate/cluster.sh", "starts engine nodes (its binary: $WEAVIATE_BIN or build/weaviate, make weaviate)")
 	f.IntVar(&queries, "queries", 200, "scale run queries (real questions)")
+	f.IntVar(&warmup, "warmup", 200, "scale run: other questions asked of each backend first, unmeasured (0: measure an engine just started, on cold files)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
 	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
