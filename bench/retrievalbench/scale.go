@@ -166,6 +166,10 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 				cl.Stop()
 				return out, err
 			}
+			if err := awaitServing(ctx, store, 2*time.Minute); err != nil {
+				cl.Stop()
+				return out, fmt.Errorf("%s: %w", b, err)
+			}
 			layout := weaviate.Layout{Shards: nodes, Replicas: min(2, nodes)}
 			if o.Replicas > 0 {
 				layout.Replicas = min(o.Replicas, nodes)
@@ -272,6 +276,29 @@ func hitKeys(hits []retrieval.Hit) []string {
 		out[i] = fmt.Sprintf("%s@%d", h.Passage.Source, h.Passage.Start)
 	}
 	return out
+}
+
+// awaitServing waits until the engine answers a read of the collection's
+// schema, or says anything but that it is unavailable (no collection
+// yet, say; what is wrong then is for the ingest to report): nodes
+// restarted on kept data report ready before their consensus has
+// settled, and answer 500s until then.
+func awaitServing(ctx context.Context, store *weaviate.Client, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		_, err := store.SearchEf(ctx)
+		if !errors.Is(err, weaviate.ErrUnavailable) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not serving after %s: %w", within, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // warm runs queries from clients goroutines at once, for their effect on

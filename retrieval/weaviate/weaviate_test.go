@@ -3,7 +3,10 @@ package weaviate
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -150,6 +153,26 @@ func TestBadInput(t *testing.T) {
 		_, err = c.Count(ctx)
 		assert.ErrorIs(t, err, ErrUnavailable)
 		assert.Less(t, time.Since(start), 3*time.Second)
+	})
+	t.Run("a cluster still electing its leader", func(t *testing.T) {
+		answers := map[string]string{
+			"/v1/schema/Settling": `{"error":[{"message":"failed to execute query: rpc error: code = Canceled desc = grpc: the client connection is closing"}]}`,
+			"/v1/schema/Broken":   `{"error":[{"message":"index out of range"}]}`,
+		}
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, answers[r.URL.Path])
+		}))
+		defer srv.Close()
+		settling, err := New(Config{URL: srv.URL, Collection: "Settling"})
+		require.NoError(t, err)
+		_, err = settling.SearchEf(ctx)
+		assert.ErrorIs(t, err, ErrUnavailable, "the engine's plumbing, not the request")
+		broken, err := New(Config{URL: srv.URL, Collection: "Broken"})
+		require.NoError(t, err)
+		_, err = broken.SearchEf(ctx)
+		assert.ErrorIs(t, err, ErrInvalid)
+		assert.ErrorContains(t, err, "index out of range")
 	})
 	t.Run("bad names and URLs", func(t *testing.T) {
 		_, err := New(Config{URL: "http://x", Collection: "lower"})
