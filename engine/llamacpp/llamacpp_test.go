@@ -190,6 +190,36 @@ func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 		require.NoError(t, err)
 		assert.Zero(t, maxAbsDiff(got, alone[s]), "sequence %d", s)
 	}
+
+	// Decode steps: one row of each sequence in one pass (the daemons'
+	// step) against each sequence's own one-row passes.
+	steps := tokens(t, m, " and so")
+	for s, text := range texts {
+		n := len(tokens(t, m, text))
+		one := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 128})
+		_, err := engine.Prefill(ctx, one, 0, tokens(t, m, text), nil)
+		require.NoError(t, err)
+		var ob engine.Batch
+		for i, tok := range steps {
+			ob.Reset()
+			ob.Add(tok, n+i, true, 0)
+			require.NoError(t, one.Decode(ctx, &ob))
+			alone[s], err = one.Logits(0, nil)
+			require.NoError(t, err)
+		}
+	}
+	for i, tok := range steps {
+		b.Reset()
+		for s, text := range texts {
+			b.Add(tok, len(tokens(t, m, text))+i, true, s)
+		}
+		require.NoError(t, c.Decode(ctx, &b))
+	}
+	for s := range texts {
+		got, err := c.Logits(s, nil)
+		require.NoError(t, err)
+		assert.Zero(t, maxAbsDiff(got, alone[s]), "sequence %d after %d one-row steps", s, len(steps))
+	}
 }
 
 func TestAbortDuringPrefill(t *testing.T) {
