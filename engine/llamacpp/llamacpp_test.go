@@ -164,11 +164,14 @@ func TestTruncateThenRedecodeReproducesLogits(t *testing.T) {
 func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 	m := loadReal(t)
 	ctx := context.Background()
-	texts := []string{passage, "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in green leaves."}
-	alone := make([][]float32, len(texts))
-	for s, text := range texts {
+	prompts := [][]engine.Token{
+		tokens(t, m, passage),
+		tokens(t, m, "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in green leaves."),
+	}
+	alone := make([][]float32, len(prompts))
+	for s, toks := range prompts {
 		c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 128})
-		b, err := engine.Prefill(ctx, c, 0, tokens(t, m, text), nil)
+		b, err := engine.Prefill(ctx, c, 0, toks, nil)
 		require.NoError(t, err)
 		alone[s], err = c.Logits(b.Len()-1, nil)
 		require.NoError(t, err)
@@ -176,16 +179,15 @@ func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 
 	c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 2, BatchSize: 128})
 	var b engine.Batch
-	last := make([]int, len(texts))
-	for s, text := range texts {
-		toks := tokens(t, m, text)
+	last := make([]int, len(prompts))
+	for s, toks := range prompts {
 		for i, tok := range toks {
 			b.Add(tok, i, i == len(toks)-1, s)
 		}
 		last[s] = b.Len() - 1
 	}
 	require.NoError(t, c.Decode(ctx, &b))
-	for s := range texts {
+	for s := range prompts {
 		got, err := c.Logits(last[s], nil)
 		require.NoError(t, err)
 		assert.Zero(t, maxAbsDiff(got, alone[s]), "sequence %d", s)
@@ -194,15 +196,14 @@ func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 	// Decode steps: one row of each sequence in one pass (the daemons'
 	// step) against each sequence's own one-row passes.
 	steps := tokens(t, m, " and so")
-	for s, text := range texts {
-		n := len(tokens(t, m, text))
+	for s, toks := range prompts {
 		one := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 128})
-		_, err := engine.Prefill(ctx, one, 0, tokens(t, m, text), nil)
+		_, err := engine.Prefill(ctx, one, 0, toks, nil)
 		require.NoError(t, err)
 		var ob engine.Batch
 		for i, tok := range steps {
 			ob.Reset()
-			ob.Add(tok, n+i, true, 0)
+			ob.Add(tok, len(toks)+i, true, 0)
 			require.NoError(t, one.Decode(ctx, &ob))
 			alone[s], err = one.Logits(0, nil)
 			require.NoError(t, err)
@@ -210,12 +211,12 @@ func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 	}
 	for i, tok := range steps {
 		b.Reset()
-		for s, text := range texts {
-			b.Add(tok, len(tokens(t, m, text))+i, true, s)
+		for s, toks := range prompts {
+			b.Add(tok, len(toks)+i, true, s)
 		}
 		require.NoError(t, c.Decode(ctx, &b))
 	}
-	for s := range texts {
+	for s := range prompts {
 		got, err := c.Logits(s, nil)
 		require.NoError(t, err)
 		assert.Zero(t, maxAbsDiff(got, alone[s]), "sequence %d after %d one-row steps", s, len(steps))
