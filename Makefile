@@ -47,7 +47,7 @@ deps:
 
 # Remade when the script or its patch changes (a no-op unless its source,
 # flags or patch did).
-$(LLAMA)/BUILD: scripts/build-llama.sh scripts/llama-q8-rows.patch
+$(LLAMA)/BUILD: scripts/build-llama.sh scripts/llama-q8-rows.patch scripts/llama-attn.patch
 	@scripts/build-llama.sh $(LLAMA)
 	@touch $@
 

@@ -30,6 +30,11 @@
 # of ggml's one-row dot product, so every row is bit for bit what it is
 # in a pass of its own.
 #
+# Also in that exact mode, scripts/llama-attn.patch (ATTN=off leaves it
+# out) pads the KV cells a pass attends over to 32 rather than 256 and
+# gives tinyBLAS's one-column F16 product (one row's attention) 8-row
+# tiles: both exact, both less time for one row per sequence.
+#
 # ARCH=arm64 cross-builds for linux/arm64 (make device-arm64, into
 # build/llama-arm64) with Debian's aarch64-linux-gnu compilers: NEON and
 # the dot-product instructions (-march=armv8.2-a+dotprod), nothing newer,
@@ -92,6 +97,7 @@ arm64)
 esac
 guard=upstream
 q8rows=off
+attn=off
 if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact}" = exact ]; then
   guard_rows=4
   case ${Q8_ROWS:-fused} in
@@ -106,12 +112,24 @@ if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact
     ;;
   esac
   guard=weights-under-$guard_rows-rows
+  case ${ATTN:-on} in
+  on) attn=pad32-rm8 ;;
+  off) ;;
+  *)
+    echo "error: ATTN=$ATTN: on or off" >&2
+    exit 1
+    ;;
+  esac
 fi
 q8patch=$(cd "$(dirname "$0")" && pwd)/llama-q8-rows.patch
+attnpatch=$(cd "$(dirname "$0")" && pwd)/llama-attn.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$q8rows" != off ]; then
   # The patch's own hash too, so an edited kernel rebuilds.
   want+=" q8-rows=$q8rows:$(sha256sum <"$q8patch" | cut -c1-16)"
+fi
+if [ "$attn" != off ]; then
+  want+=" attn=$attn:$(sha256sum <"$attnpatch" | cut -c1-16)"
 fi
 if [ "$arch" = amd64 ] && [ "${GGML_NATIVE:-ON}" = ON ]; then
   # A native build is for this CPU: record which, so a build directory
@@ -127,7 +145,7 @@ if [ -f "$out/BUILD" ] && [ "$(cat "$out/BUILD")" = "$want" ] && { [ "${LLAMA_BE
   exit 0
 fi
 tools=(cmake "$cxx" python3)
-if [ "$q8rows" != off ]; then
+if [ "$q8rows" != off ] || [ "$attn" != off ]; then
   tools+=(patch)
 fi
 for tool in "${tools[@]}"; do
@@ -163,6 +181,10 @@ if [ "$q8rows" != off ]; then
   patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$q8patch" ||
     { echo "error: $q8patch does not apply to this source" >&2; exit 1; }
   grep -q '^#define DRAGON_Q8_ROWS 1$' "$lsrc/ggml/src/ggml-cpu/ggml-cpu.c" || { echo "error: the Q8_0 rows kernel was not added" >&2; exit 1; }
+fi
+if [ "$attn" != off ]; then
+  patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$attnpatch" ||
+    { echo "error: $attnpatch does not apply to this source" >&2; exit 1; }
 fi
 
 echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2

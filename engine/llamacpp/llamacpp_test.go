@@ -165,9 +165,14 @@ func TestSequencesInOneBatchDoNotLeak(t *testing.T) {
 	m := loadReal(t)
 	ctx := context.Background()
 	prompts := [][]engine.Token{
-		tokens(t, m, passage),
+		tokens(t, m, strings.Repeat(passage+" ", 3)),
 		tokens(t, m, "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen in green leaves."),
 	}
+	// A pass attends over as many KV cells as its longest sequence fills,
+	// in steps of 32: together, the short prompt attends over the long
+	// one's window, most of it masked, and must not notice.
+	require.Greater(t, len(prompts[0]), 64)
+	require.Less(t, len(prompts[1]), 32)
 	alone := make([][]float32, len(prompts))
 	for s, toks := range prompts {
 		c := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 128})
