@@ -121,8 +121,9 @@ if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact
     ;;
   esac
 fi
-q8patch=$(cd "$(dirname "$0")" && pwd)/llama-q8-rows.patch
-attnpatch=$(cd "$(dirname "$0")" && pwd)/llama-attn.patch
+here=$(cd "$(dirname "$0")" && pwd)
+q8patch=$here/llama-q8-rows.patch
+attnpatch=$here/llama-attn.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$q8rows" != off ]; then
   # The patch's own hash too, so an edited kernel rebuilds.
@@ -175,16 +176,19 @@ if [ "$guard" != upstream ]; then
   sed -i "s/^    if (n < 2)\$/    if (n < $guard_rows \&\& Atype != GGML_TYPE_F16)/" "$sgemm"
   grep -q "^    if (n < $guard_rows && Atype != GGML_TYPE_F16)\$" "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
 fi
+# Our patches; patch refuses a source whose lines differ from a patch's
+# context at all.
+apply_patch() {
+  patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$1" ||
+    { echo "error: $1 does not apply to this source" >&2; exit 1; }
+}
 if [ "$q8rows" != off ]; then
-  # The fused kernel for 2 to 8 rows of Q8_0 weights; patch refuses a
-  # source whose lines differ from the patch's context at all.
-  patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$q8patch" ||
-    { echo "error: $q8patch does not apply to this source" >&2; exit 1; }
+  # The fused kernel for 2 to 8 rows of Q8_0 weights.
+  apply_patch "$q8patch"
   grep -q '^#define DRAGON_Q8_ROWS 1$' "$lsrc/ggml/src/ggml-cpu/ggml-cpu.c" || { echo "error: the Q8_0 rows kernel was not added" >&2; exit 1; }
 fi
 if [ "$attn" != off ]; then
-  patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$attnpatch" ||
-    { echo "error: $attnpatch does not apply to this source" >&2; exit 1; }
+  apply_patch "$attnpatch"
 fi
 
 echo "building llama.cpp ($jobs jobs; a few minutes)..." >&2
