@@ -61,7 +61,12 @@ func assertGraph(t *testing.T, ix *Index, nodes int) {
 }
 
 // assertFindsItself checks that dense search for each passage's own text
-// (so its own vector) ranks that passage first.
+// (so its own vector) ranks that passage first. Searched exactly, every
+// passage must. Through the graph, coder/hnsw enters its top layer at
+// whichever node Go's map order gives and stops its beam early, so one
+// graph in six misses one passage of these 400 (100 builds, 2026-11-27).
+// That is the graph's recall, not what these tests check: up to 1% may be
+// missed.
 func assertFindsItself(t *testing.T, ix *Index) {
 	t.Helper()
 	ix.mu.RLock()
@@ -69,15 +74,26 @@ func assertFindsItself(t *testing.T, ix *Index) {
 	for _, p := range ix.passages {
 		ps = append(ps, *p)
 	}
+	graph := ix.graph != nil
 	ix.mu.RUnlock()
 	require.NotEmpty(t, ps)
+	var missed []uint64
 	for _, p := range ps {
 		hits, err := ix.Search(t.Context(), p.Text, 3, ModeDense)
 		require.NoError(t, err)
 		require.NotEmpty(t, hits)
-		assert.Equal(t, p.ID, hits[0].Passage.ID, "passage %d", p.ID)
+		if hits[0].Passage.ID != p.ID {
+			missed = append(missed, p.ID)
+			continue
+		}
 		assert.InDelta(t, 1, hits[0].Cosine, 1e-5)
 	}
+	if !graph {
+		assert.Empty(t, missed, "searched exactly, every passage finds itself")
+		return
+	}
+	t.Logf("graph missed %d of %d passages' own vectors", len(missed), len(ps))
+	assert.LessOrEqual(t, len(missed)*100, len(ps), "the graph missed passages %v", missed)
 }
 
 func TestGraphIsKeptOnlyPastExactDenseMax(t *testing.T) {
