@@ -9,7 +9,8 @@
 // batch fails only its slot. Logits of a slot's rows are copied out after
 // the tick, before the next one overwrites them. An aborted slot cannot
 // stop a pass the others share: it is withdrawn before the tick starts, or
-// its positions are removed after it.
+// its positions are removed after it. A pass whose slots are all aborted
+// stops at once.
 package batcher
 
 import (
@@ -117,6 +118,34 @@ type job struct {
 	aborted atomic.Bool
 	done    chan error
 	logits  [][]float32 // copied rows, by the batch's row; nil where not asked
+
+	watchMu sync.Mutex
+	onAbort func() // set by the tick that runs the job
+}
+
+// abort marks the job aborted and tells the tick running it, if any.
+func (j *job) abort() {
+	if !j.aborted.CompareAndSwap(false, true) {
+		return
+	}
+	j.watchMu.Lock()
+	f := j.onAbort
+	j.watchMu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// watch runs f when j is aborted, at once if it already is (nil: stop
+// watching); f may be called twice when an abort races the watch, so it
+// must be idempotent.
+func (j *job) watch(f func()) {
+	j.watchMu.Lock()
+	j.onAbort = f
+	j.watchMu.Unlock()
+	if f != nil && j.aborted.Load() {
+		f()
+	}
 }
 
 func (e *Executor) run() {
@@ -211,7 +240,26 @@ func (e *Executor) tick(jobs []*job) {
 	if e.opts.OnTick != nil {
 		e.opts.OnTick(merged.Len(), len(ready))
 	}
-	err := e.c.Decode(context.Background(), &merged)
+	// Once every slot of the pass is aborted nobody wants its rows: stop
+	// it (a lone session's rollback then waits for no pass).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var live atomic.Int32
+	live.Store(int32(len(ready)))
+	for _, j := range ready {
+		j.watch(sync.OnceFunc(func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		}))
+	}
+	err := e.c.Decode(ctx, &merged)
+	for _, j := range ready {
+		j.watch(nil)
+	}
+	if errors.Is(err, engine.ErrAborted) {
+		err = engine.ErrAborted // the slots' own aborts, not the tick's context
+	}
 	for k, j := range ready {
 		if err != nil {
 			j.done <- err
@@ -354,7 +402,7 @@ func (s *Slot) Decode(ctx context.Context, b *engine.Batch) error {
 	case <-s.e.quit:
 		return engine.ErrClosed
 	}
-	stop := context.AfterFunc(ctx, func() { j.aborted.Store(true) })
+	stop := context.AfterFunc(ctx, j.abort)
 	defer stop()
 	err := <-j.done
 	if err != nil {
@@ -467,7 +515,7 @@ func (s *Slot) SetSeqState(q int, state []byte, n int) error {
 // undone after the pass it shares.
 func (s *Slot) Abort() {
 	if j := s.flight.Load(); j != nil {
-		j.aborted.Store(true)
+		j.abort()
 	}
 }
 

@@ -166,3 +166,45 @@ func TestAbortDuringSharedPass(t *testing.T) {
 	require.NoError(t, errB)
 	assert.Equal(t, 1, b.SeqLen(0))
 }
+
+// TestAbortStopsALonePass: a pass whose only slot is aborted stops at
+// once rather than running to its end, and leaves no position behind.
+func TestAbortStopsALonePass(t *testing.T) {
+	tests := []struct {
+		name  string
+		abort func(s *Slot, cancel context.CancelFunc)
+	}{
+		{"Abort", func(s *Slot, _ context.CancelFunc) { s.Abort() }},
+		{"cancelled context", func(_ *Slot, cancel context.CancelFunc) { cancel() }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			slow := fake.New(fake.Config{Seed: 9, Vocab: 300, CallLatency: 10 * time.Second})
+			started := make(chan struct{}, 1)
+			e, err := New(slow, Options{Slots: 2, SeqsPerSlot: 1, Context: engine.ContextOptions{CtxPerSeq: 64, BatchSize: 16},
+				OnTick: func(int, int) { started <- struct{}{} }})
+			require.NoError(t, err)
+			defer e.Close()
+			a, _ := e.TryAcquire()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				var bt engine.Batch
+				bt.Add(4, 0, true, 0)
+				done <- a.Decode(ctx, &bt)
+			}()
+			<-started
+			begun := time.Now()
+			tc.abort(a, cancel)
+			select {
+			case err := <-done:
+				assert.ErrorIs(t, err, engine.ErrAborted)
+				assert.Less(t, time.Since(begun), 5*time.Second, "the pass stopped at the abort")
+			case <-time.After(5 * time.Second):
+				t.Fatal("the aborted pass ran on")
+			}
+			assert.Zero(t, a.SeqLen(0))
+		})
+	}
+}
