@@ -3,8 +3,10 @@
 // vendors it, linked statically.
 //
 // A small C layer (shim.c) talks to llama.h for everything on the hot path,
-// so that one decode is one cgo call and an abort is told apart from a full
-// KV cache; llama.cpp's log goes to slog.
+// so that one decode is one short cgo call and an abort is told apart from
+// a full KV cache; llama.cpp's log goes to slog. Passes run on a worker
+// thread per context, and Decode waits for their end in the netpoller
+// (docs/DESIGN-NOTES.md, "A pass runs off Go's threads").
 //
 // Build: `make deps` builds the libraries and headers into build/llama
 // (scripts/build-llama.sh); the Makefile sets the -march flags. For
@@ -490,6 +492,7 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 		vocab:   len(m.pieces),
 	}
 	c.mem = C.llama_get_memory(c.lc)
+	c.done = os.NewFile(uintptr(C.dragon_decode_done_fd(cc)), "llamacpp-pass-done")
 	m.contexts.Add(1)
 	return c, nil
 }
@@ -505,6 +508,7 @@ func cbool(b bool) C.int {
 type Context struct {
 	model   *Model
 	c       *C.dragon_ctx
+	done    *os.File // the end of each pass (an eventfd the worker writes)
 	lc      *C.struct_llama_context
 	mem     C.llama_memory_t
 	opts    engine.ContextOptions
@@ -561,8 +565,17 @@ func (c *Context) Decode(ctx context.Context, b *engine.Batch) error {
 
 	gen := c.arm()
 	stop := context.AfterFunc(ctx, func() { c.abortGen(gen) })
-	code := C.dragon_decode(c.c, C.int32_t(n), (*C.int32_t)(&c.tok[0]), (*C.int32_t)(&c.pos[0]),
+	code := C.dragon_decode_start(c.c, C.int32_t(n), (*C.int32_t)(&c.tok[0]), (*C.int32_t)(&c.pos[0]),
 		(*C.int32_t)(&c.nseq[0]), (*C.int32_t)(&c.seqs[0]), (*C.int8_t)(&c.logit[0]))
+	if code == 0 {
+		// The pass runs on the context's worker thread; this goroutine
+		// parks in the netpoller until it ends (an abort ends it early).
+		var end [8]byte
+		if _, err := io.ReadFull(c.done, end[:]); err != nil {
+			panic(fmt.Sprintf("llamacpp: reading the end of a pass: %v", err)) // the context's own eventfd: cannot fail
+		}
+		code = C.dragon_decode_result(c.c)
+	}
 	stop()
 	aborted := c.disarm()
 
@@ -895,6 +908,7 @@ func (c *Context) Close() error {
 	if !c.closed {
 		c.closed = true
 		C.dragon_ctx_free(c.c)
+		c.done.Close()
 		c.model.contexts.Add(-1)
 	}
 	return nil

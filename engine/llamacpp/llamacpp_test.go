@@ -681,3 +681,35 @@ func TestUnloadRacesTokenize(t *testing.T) {
 	})
 	wg.Wait()
 }
+
+// TestCloseEndsTheDecodeWorker: each context runs its passes on a thread
+// of its own, which Close ends, with the descriptor the pass ends are read
+// from.
+func TestCloseEndsTheDecodeWorker(t *testing.T) {
+	m := loadReal(t)
+	threads := func() int {
+		es, err := os.ReadDir("/proc/self/task")
+		require.NoError(t, err)
+		return len(es)
+	}
+	const n = 8
+	cs := make([]*Context, 0, n)
+	for range n {
+		c, err := m.NewLlamaContext(engine.ContextOptions{MaxSeqs: 1, CtxPerSeq: 64})
+		require.NoError(t, err)
+		b := &engine.Batch{}
+		b.Add(tokens(t, m, "Hello")[0], 0, true, 0)
+		require.NoError(t, c.Decode(context.Background(), b), "a pass on the worker")
+		cs = append(cs, c)
+	}
+	open := threads()
+	for _, c := range cs {
+		fd := c.done.Fd()
+		require.NoError(t, c.Close())
+		_, err := os.Stat(fmt.Sprintf("/proc/self/fd/%d", fd))
+		assert.True(t, errors.Is(err, os.ErrNotExist), "descriptor %d closed", fd)
+	}
+	// Go never ends its own threads, so the count can only fall by the
+	// workers' (less any thread Go starts meanwhile).
+	assert.GreaterOrEqual(t, open-threads(), n-2, "the workers ended")
+}

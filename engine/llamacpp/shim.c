@@ -1,11 +1,14 @@
 // clock_gettime and sched_yield under -std=c11
 #define _POSIX_C_SOURCE 200112L
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "shim.h"
 #include "_cgo_export.h"
@@ -19,6 +22,18 @@ struct dragon_ctx {
     bool yield;
     int64_t last_yield_ns;
     int64_t last_decode_ns;
+
+    // The decode worker: passes run on a thread of their own, and Go waits
+    // on done (an eventfd) through its netpoller, not in a cgo call. A cgo
+    // call of 20 ms looks like a blocking syscall to Go's sysmon, which
+    // then polls every 20 us on the daemon's one core (2-3% of its time).
+    pthread_t worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool pending; // a batch waits for the worker
+    bool quit;
+    int done;     // eventfd, written once per finished pass (Go owns it)
+    atomic_int result;
 };
 
 // How often a one-thread pass yields its core: a message that arrives
@@ -45,6 +60,34 @@ static bool dragon_abort_cb(void *data) {
         }
     }
     return atomic_load_explicit(&c->abort, memory_order_relaxed) != 0;
+}
+
+static void *dragon_worker(void *arg) {
+    dragon_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->pending && !c->quit) {
+            pthread_cond_wait(&c->cv, &c->mu);
+        }
+        if (c->quit) {
+            break;
+        }
+        c->pending = false;
+        pthread_mutex_unlock(&c->mu);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int32_t code = llama_decode(c->ctx, c->batch);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        c->last_decode_ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+        atomic_store(&c->result, code);
+        uint64_t one = 1;
+        while (write(c->done, &one, sizeof one) < 0) {
+            // EAGAIN only past 2^64-2 unread passes; EINTR: try again
+        }
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
 }
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
@@ -78,6 +121,22 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
         free(c);
         return NULL;
     }
+    c->done = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->done < 0) {
+        llama_free(c->ctx);
+        free(c);
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&c->worker, NULL, dragon_worker, c) != 0) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+        close(c->done);
+        llama_free(c->ctx);
+        free(c);
+        return NULL;
+    }
     c->batch = llama_batch_init((int32_t)n_batch, 0, (int32_t)n_seq_max);
     c->batch_cap = (int32_t)n_batch;
     c->seq_cap = (int32_t)n_seq_max;
@@ -91,6 +150,13 @@ void dragon_ctx_free(dragon_ctx *c) {
     if (c == NULL) {
         return;
     }
+    pthread_mutex_lock(&c->mu);
+    c->quit = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    pthread_join(c->worker, NULL);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
     llama_batch_free(c->batch);
     llama_free(c->ctx);
     free(c);
@@ -127,8 +193,8 @@ static void dragon_log(enum ggml_log_level level, const char *text, void *data) 
 
 void dragon_log_install(void) { llama_log_set(dragon_log, NULL); }
 
-int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
-                      const int32_t *nseq, const int32_t *seqs, const int8_t *logits) {
+int32_t dragon_decode_start(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
+                            const int32_t *nseq, const int32_t *seqs, const int8_t *logits) {
     if (n <= 0 || n > c->batch_cap) {
         return -100;
     }
@@ -147,13 +213,16 @@ int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int
         b->logits[i] = logits[i];
     }
     b->n_tokens = n;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int32_t code = llama_decode(c->ctx, *b);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    c->last_decode_ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
-    return code;
+    pthread_mutex_lock(&c->mu);
+    c->pending = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
 }
+
+int dragon_decode_done_fd(dragon_ctx *c) { return c->done; }
+
+int32_t dragon_decode_result(dragon_ctx *c) { return atomic_load(&c->result); }
 
 int64_t dragon_last_decode_ns(dragon_ctx *c) { return c->last_decode_ns; }
 

@@ -21,11 +21,23 @@ struct llama_context *dragon_ctx_llama(dragon_ctx *c);
 // between graph nodes.
 void dragon_abort(dragon_ctx *c, int on);
 
-// dragon_decode fills the batch from flat arrays and decodes it: returns
-// llama_decode's code (0 ok, 1 no KV slot, 2 aborted, <0 error).
-// seqs holds nseq[i] sequence ids for each row i, concatenated.
-int32_t dragon_decode(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
-                      const int32_t *nseq, const int32_t *seqs, const int8_t *logits);
+// dragon_decode_start fills the batch from flat arrays and hands it to
+// the context's decode worker: 0 when the pass started (its end is one
+// write to dragon_decode_done_fd, its code dragon_decode_result), <0 for a
+// batch it refused. seqs holds nseq[i] sequence ids for each row i,
+// concatenated. One pass at a time; nothing else may use the context
+// until it ends.
+int32_t dragon_decode_start(dragon_ctx *c, int32_t n, const int32_t *tokens, const int32_t *pos,
+                            const int32_t *nseq, const int32_t *seqs, const int8_t *logits);
+
+// dragon_decode_done_fd is the non-blocking eventfd the worker writes 1 to
+// at the end of each pass. The caller takes it over: it closes it, after
+// dragon_ctx_free.
+int dragon_decode_done_fd(dragon_ctx *c);
+
+// dragon_decode_result is the last pass's llama_decode code (0 ok, 1 no
+// KV slot, 2 aborted, <0 error), once its end was read.
+int32_t dragon_decode_result(dragon_ctx *c);
 
 // dragon_last_decode_ns is the time the last dragon_decode spent inside
 // llama_decode, to tell llama.cpp's cost from the wrapper's.
