@@ -179,7 +179,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()
 			// On reuse this only checks that every passage is there.
-			rep, err := retrieval.Stream(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus)
+			rep, err := streamSettled(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus, 2*time.Minute)
 			if err == nil && len(rep.Failed) > 0 {
 				err = fmt.Errorf("%d passages refused, the first: %v", len(rep.Failed), rep.Failed[0])
 			}
@@ -296,6 +296,25 @@ func awaitServing(ctx context.Context, store *weaviate.Client, within time.Durat
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// streamSettled streams the corpus into store, again while the cluster
+// says it is unavailable (up to within): reads settle first on restarted
+// nodes, and a schema update (a kept collection's new search ef) can
+// still meet the leader's election. Streaming is idempotent.
+func streamSettled(ctx context.Context, store *weaviate.Client, so retrieval.StreamOptions, corpus string, within time.Duration) (retrieval.StreamReport, error) {
+	deadline := time.Now().Add(within)
+	for {
+		rep, err := retrieval.Stream(ctx, store, so, corpus)
+		if !errors.Is(err, weaviate.ErrUnavailable) || time.Now().After(deadline) {
+			return rep, err
+		}
+		select {
+		case <-ctx.Done():
+			return rep, ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}

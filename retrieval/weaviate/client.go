@@ -185,7 +185,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%w: %s on %s", ErrNoCollection, c.cfg.Collection, c.cfg.URL)
 	case resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusBadGateway || resp.StatusCode == http.StatusGatewayTimeout:
 		return fmt.Errorf("%w: %s: %s", ErrUnavailable, c.cfg.URL, resp.Status)
-	case resp.StatusCode >= 500 && clusterTransient.Match(data):
+	case (resp.StatusCode >= 500 || resp.StatusCode == http.StatusUnprocessableEntity) && clusterTransient.Match(data):
 		return fmt.Errorf("%w: %s: %s: %s", ErrUnavailable, c.cfg.URL, resp.Status, errorText(data))
 	case resp.StatusCode >= 400:
 		return fmt.Errorf("%w: %s %s: %s: %s", ErrInvalid, method, path, resp.Status, errorText(data))
@@ -202,7 +202,8 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 // clusterTransient matches a 500 that comes from the cluster's own
 // plumbing rather than from the request: a node that restarted and whose
 // consensus has not settled answers "failed to query leader: rpc error:
-// code = Canceled ... the client connection is closing" for a few seconds.
+// code = Canceled ... the client connection is closing" for a few seconds
+// (and a schema update relayed to the leader then, the same text as a 422).
 var clusterTransient = regexp.MustCompile(`rpc error: code = (Unavailable|Canceled|DeadlineExceeded)|failed to query leader|leader not found`)
 
 // errorText pulls Weaviate's messages out of an error body.

@@ -160,14 +160,28 @@ func TestBadInput(t *testing.T) {
 			"/v1/schema/Broken":   `{"error":[{"message":"index out of range"}]}`,
 		}
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			w.WriteHeader(http.StatusInternalServerError)
-			_, _ = io.WriteString(w, answers[r.URL.Path])
+			switch {
+			case r.Method == http.MethodPut:
+				// A schema update relayed to a leader that is not
+				// settled yet is refused as unprocessable.
+				w.WriteHeader(http.StatusUnprocessableEntity)
+				_, _ = io.WriteString(w, `{"error":[{"message":"rpc error: code = Canceled desc = grpc: the client connection is closing"}]}`)
+			case r.URL.Path == "/v1/schema/Writable":
+				_, _ = io.WriteString(w, `{"class":"Writable","vectorIndexConfig":{"ef":256}}`)
+			default:
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = io.WriteString(w, answers[r.URL.Path])
+			}
 		}))
 		defer srv.Close()
 		settling, err := New(Config{URL: srv.URL, Collection: "Settling"})
 		require.NoError(t, err)
 		_, err = settling.SearchEf(ctx)
 		assert.ErrorIs(t, err, ErrUnavailable, "the engine's plumbing, not the request")
+		writable, err := New(Config{URL: srv.URL, Collection: "Writable"})
+		require.NoError(t, err)
+		err = writable.SetSearchEf(ctx, 1024)
+		assert.ErrorIs(t, err, ErrUnavailable, "a write refused by unsettled plumbing")
 		broken, err := New(Config{URL: srv.URL, Collection: "Broken"})
 		require.NoError(t, err)
 		_, err = broken.SearchEf(ctx)
