@@ -71,7 +71,10 @@ type ScaleOptions struct {
 	Replicas int
 	// SearchEf is the engine's query-time HNSW candidate list (0: the
 	// collection's; weaviate.Layout). It may change on a kept collection.
-	SearchEf    int
+	SearchEf int
+	// Quantizer turns on the collection's vector quantizer
+	// (weaviate.Layout), on a kept collection too.
+	Quantizer   string
 	StartEngine func(nodes int) (Cluster, error)
 	// Clients in flight for QPS (default 4).
 	Clients int
@@ -174,7 +177,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			if o.Replicas > 0 {
 				layout.Replicas = min(o.Replicas, nodes)
 			}
-			layout.SearchEf = o.SearchEf
+			layout.SearchEf, layout.Quantizer = o.SearchEf, o.Quantizer
 			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
 			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()

@@ -39,6 +39,8 @@ type retrievalReport struct {
 	ScaleReplicas int `json:"scale_replicas,omitempty"`
 	// ScaleSearchEf is --scale-search-ef (0: the collection's).
 	ScaleSearchEf int `json:"scale_search_ef,omitempty"`
+	// ScaleQuantizer is --scale-quantizer ("": the collection's).
+	ScaleQuantizer string `json:"scale_quantizer,omitempty"`
 	// ScaleWarmup is --warmup: unmeasured questions asked of each backend
 	// before the measured ones.
 	ScaleWarmup int                                             `json:"scale_warmup_queries,omitempty"`
@@ -47,19 +49,19 @@ type retrievalReport struct {
 
 func newBenchRetrievalCmd() *cobra.Command {
 	var (
-		model, wiki, questions  string
-		embedders               []string
-		threads, sample, pool   int
-		embedOn                 int
-		seed                    uint64
-		asJSON, noQuality       bool
-		sizes                   []int
-		backends                []string
-		script                  string
-		queries, warmup         int
-		scaleMode, scaleVectors string
-		replicas, searchEf      int
-		keep                    string
+		model, wiki, questions             string
+		embedders                          []string
+		threads, sample, pool              int
+		embedOn                            int
+		seed                               uint64
+		asJSON, noQuality                  bool
+		sizes                              []int
+		backends                           []string
+		script                             string
+		queries, warmup                    int
+		scaleMode, scaleVectors, quantizer string
+		replicas, searchEf                 int
+		keep                               string
 	)
 	cmd := &cobra.Command{
 		Use:   "retrieval",
@@ -177,8 +179,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleWarmup = scaleVectors, replicas, searchEf, len(ws)
-				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Log: logf}
+				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup = scaleVectors, replicas, searchEf, quantizer, len(ws)
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, Log: logf}
 				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
@@ -208,6 +210,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&warmup, "warmup", 200, "scale run: other questions asked of each backend first, unmeasured (0: measure an engine just started, on cold files)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
+	f.StringVar(&quantizer, "scale-quantizer", "", "scale run: turn on the engine collection's vector quantizer (rq), on a kept collection too (it cannot be turned off)")
 	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
 	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
 	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")

@@ -34,6 +34,7 @@ type indexFlags struct {
 	remote           string
 	shards, replicas int
 	searchEf         int
+	quantizer        string
 	batch            int
 }
 
@@ -84,6 +85,7 @@ trained for retrieval).`,
 		f.IntVar(&fl.replicas, "replicas", 1, "with --retrieval: replicas of each shard of a new collection (2 survive losing a node)")
 		f.IntVar(&fl.batch, "batch", 128, "with --retrieval: passages per request")
 		f.IntVar(&fl.searchEf, "search-ef", 0, "with --retrieval: the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
+		f.StringVar(&fl.quantizer, "quantizer", "", "with --retrieval: the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
 	}
 	add.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "with --retrieval: tokens per passage (the collection's)")
 	add.Flags().IntVar(&fl.overlap, "overlap", retrieval.DefaultOverlap, "with --retrieval: tokens shared by consecutive passages")
@@ -445,7 +447,7 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	defer m.Close()
 	opts := retrieval.StreamOptions{
 		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
-		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf},
+		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf, Quantizer: fl.quantizer},
 	}
 	if spec, err := store.Spec(ctx); err == nil {
 		// An existing collection is filled as it was made.

@@ -16,6 +16,7 @@ func newIndexPushCmd(fl *indexFlags) *cobra.Command {
 		to               string
 		shards, replicas int
 		batch, searchEf  int
+		quantizer        string
 	)
 	cmd := &cobra.Command{
 		Use:   "push --dir DIR --to weaviate://HOST:PORT/COLLECTION",
@@ -41,7 +42,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 			defer ix.Close()
 			start := time.Now()
 			bar := newProgressBar(os.Stderr, fl.quiet)
-			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf}, batch, bar.update)
+			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer}, batch, bar.update)
 			bar.done()
 			printNotStored(os.Stderr, failed, fl.maxErrors)
 			if err != nil {
@@ -64,6 +65,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of each shard of a new collection")
 	cmd.Flags().IntVar(&batch, "batch", 256, "passages per request")
 	cmd.Flags().IntVar(&searchEf, "search-ef", 0, "the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
+	cmd.Flags().StringVar(&quantizer, "quantizer", "", "the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
 	cobra.MarkFlagRequired(cmd.Flags(), "to")
 	return cmd
 }

@@ -144,6 +144,52 @@ func TestCollectionRoundTrip(t *testing.T) {
 	}
 }
 
+// The vector quantizer: refused unless known, set at creation, turned
+// on for a collection that holds passages, kept when a later layout
+// leaves it out, and never traded for another.
+func TestQuantizer(t *testing.T) {
+	cl := weaviatetest.Start(t, 1)
+	ctx := t.Context()
+	spec := Spec{Embedder: "test", Dims: 4, ChunkTokens: 64, Tokenizer: "tok", Analyzer: "en"}
+
+	fresh, err := New(Config{URL: cl.URL(0), Collection: "Fresh"})
+	require.NoError(t, err)
+	defer fresh.Close()
+	require.ErrorIs(t, fresh.EnsureCollection(ctx, spec, Layout{Quantizer: "pq"}), ErrInvalid)
+	require.ErrorIs(t, fresh.EnsureCollection(ctx, spec, Layout{Quantizer: "rq", RescoreLimit: -1}), ErrInvalid)
+	require.NoError(t, fresh.EnsureCollection(ctx, spec, Layout{Quantizer: "rq", RescoreLimit: 100}))
+	q, limit, err := fresh.Quantizer(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "rq", q)
+	assert.Equal(t, 100, limit)
+
+	c, err := New(Config{URL: cl.URL(0), Collection: "Passages"})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{}))
+	failed, err := c.Upsert(ctx, testObjects())
+	require.NoError(t, err)
+	require.Empty(t, failed)
+	q, _, err = c.Quantizer(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, q, "float32 unless asked")
+
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{Quantizer: "rq"}))
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{}))
+	q, limit, err = c.Quantizer(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "rq", q)
+	assert.Equal(t, defaultRescoreLimit, limit)
+	// The compressed graph still finds the nearest passages (rescored on
+	// the float vectors).
+	require.EventuallyWithT(t, func(c2 *assert.CollectT) {
+		near, err := c.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
+		require.NoError(c2, err)
+		require.Len(c2, near, 2)
+		assert.ElementsMatch(c2, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID})
+	}, 30*time.Second, 200*time.Millisecond)
+}
+
 func TestBadInput(t *testing.T) {
 	ctx := t.Context()
 	t.Run("unreachable host", func(t *testing.T) {
