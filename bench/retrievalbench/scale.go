@@ -74,8 +74,11 @@ type ScaleOptions struct {
 	SearchEf int
 	// Quantizer turns on the collection's vector quantizer
 	// (weaviate.Layout), on a kept collection too.
-	Quantizer   string
-	StartEngine func(nodes int) (Cluster, error)
+	Quantizer string
+	// GraphConnections and GraphEfConstruction build a new collection's
+	// graph (weaviate.Layout).
+	GraphConnections, GraphEfConstruction int
+	StartEngine                           func(nodes int) (Cluster, error)
 	// Clients in flight for QPS (default 4).
 	Clients int
 	Dir     string
@@ -178,6 +181,7 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 				layout.Replicas = min(o.Replicas, nodes)
 			}
 			layout.SearchEf, layout.Quantizer = o.SearchEf, o.Quantizer
+			layout.GraphConnections, layout.GraphEfConstruction = o.GraphConnections, o.GraphEfConstruction
 			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
 			earlier, haveEarlier := readFloat(rateFile)
 			t0 := time.Now()

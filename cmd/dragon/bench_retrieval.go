@@ -41,6 +41,10 @@ type retrievalReport struct {
 	ScaleSearchEf int `json:"scale_search_ef,omitempty"`
 	// ScaleQuantizer is --scale-quantizer ("": the collection's).
 	ScaleQuantizer string `json:"scale_quantizer,omitempty"`
+	// ScaleGraph is --scale-graph-connections and
+	// --scale-graph-ef-construction (0: the engine collection's defaults).
+	ScaleGraphConnections    int `json:"scale_graph_connections,omitempty"`
+	ScaleGraphEfConstruction int `json:"scale_graph_ef_construction,omitempty"`
 	// ScaleWarmup is --warmup: unmeasured questions asked of each backend
 	// before the measured ones.
 	ScaleWarmup int                                             `json:"scale_warmup_queries,omitempty"`
@@ -61,6 +65,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		queries, warmup                    int
 		scaleMode, scaleVectors, quantizer string
 		replicas, searchEf                 int
+		graphM, graphEfc                   int
 		keep                               string
 	)
 	cmd := &cobra.Command{
@@ -180,7 +185,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				}
 				defer closeV()
 				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup = scaleVectors, replicas, searchEf, quantizer, len(ws)
-				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, Log: logf}
+				rep.ScaleGraphConnections, rep.ScaleGraphEfConstruction = graphM, graphEfc
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc, Log: logf}
 				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
@@ -210,6 +216,8 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&warmup, "warmup", 200, "scale run: other questions asked of each backend first, unmeasured (0: measure an engine just started, on cold files)")
 	f.StringVar(&scaleMode, "scale-mode", "hybrid", "scale run ranker: hybrid, bm25 or dense (recall against the exact one)")
 	f.StringVar(&keep, "keep", "", "keep the scale run's corpora, reference indexes and engine data in this folder, and reuse what an earlier run left there (ingest once, query again)")
+	f.IntVar(&graphM, "scale-graph-connections", 0, "scale run: the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest; the engine folder under --keep is named for it")
+	f.IntVar(&graphEfc, "scale-graph-ef-construction", 0, "scale run: the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest; the engine folder under --keep is named for it")
 	f.StringVar(&quantizer, "scale-quantizer", "", "scale run: turn on the engine collection's vector quantizer (rq), on a kept collection too (it cannot be turned off)")
 	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
 	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
@@ -321,6 +329,9 @@ func benchScale(ctx context.Context, m engine.Model, real []string, sizes []int,
 			data := fmt.Sprintf("engine-%d", nodes)
 			if o.Replicas > 0 {
 				data += fmt.Sprintf("-r%d", o.Replicas)
+			}
+			if o.GraphConnections > 0 || o.GraphEfConstruction > 0 {
+				data += fmt.Sprintf("-m%d-efc%d", o.GraphConnections, o.GraphEfConstruction)
 			}
 			return retrievalbench.StartScriptCluster(script, filepath.Join(dir, data), nodes, 21000+1000*nodes, nil)
 		}

@@ -35,6 +35,7 @@ type indexFlags struct {
 	shards, replicas int
 	searchEf         int
 	quantizer        string
+	graphM, graphEfc int
 	batch            int
 }
 
@@ -85,6 +86,8 @@ trained for retrieval).`,
 		f.IntVar(&fl.replicas, "replicas", 1, "with --retrieval: replicas of each shard of a new collection (2 survive losing a node)")
 		f.IntVar(&fl.batch, "batch", 128, "with --retrieval: passages per request")
 		f.IntVar(&fl.searchEf, "search-ef", 0, "with --retrieval: the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
+		f.IntVar(&fl.graphM, "graph-connections", 0, "with --retrieval: the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest")
+		f.IntVar(&fl.graphEfc, "graph-ef-construction", 0, "with --retrieval: the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest")
 		f.StringVar(&fl.quantizer, "quantizer", "", "with --retrieval: the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
 	}
 	add.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "with --retrieval: tokens per passage (the collection's)")
@@ -447,7 +450,7 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	defer m.Close()
 	opts := retrieval.StreamOptions{
 		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
-		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf, Quantizer: fl.quantizer},
+		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf, Quantizer: fl.quantizer, GraphConnections: fl.graphM, GraphEfConstruction: fl.graphEfc},
 	}
 	if spec, err := store.Spec(ctx); err == nil {
 		// An existing collection is filled as it was made.

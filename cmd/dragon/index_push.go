@@ -17,6 +17,7 @@ func newIndexPushCmd(fl *indexFlags) *cobra.Command {
 		shards, replicas int
 		batch, searchEf  int
 		quantizer        string
+		graphM, graphEfc int
 	)
 	cmd := &cobra.Command{
 		Use:   "push --dir DIR --to weaviate://HOST:PORT/COLLECTION",
@@ -42,7 +43,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 			defer ix.Close()
 			start := time.Now()
 			bar := newProgressBar(os.Stderr, fl.quiet)
-			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer}, batch, bar.update)
+			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc}, batch, bar.update)
 			bar.done()
 			printNotStored(os.Stderr, failed, fl.maxErrors)
 			if err != nil {
@@ -65,6 +66,8 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of each shard of a new collection")
 	cmd.Flags().IntVar(&batch, "batch", 256, "passages per request")
 	cmd.Flags().IntVar(&searchEf, "search-ef", 0, "the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
+	cmd.Flags().IntVar(&graphM, "graph-connections", 0, "the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest")
+	cmd.Flags().IntVar(&graphEfc, "graph-ef-construction", 0, "the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest")
 	cmd.Flags().StringVar(&quantizer, "quantizer", "", "the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
 	cobra.MarkFlagRequired(cmd.Flags(), "to")
 	return cmd

@@ -49,7 +49,19 @@ type Layout struct {
 	// compresses them in place) but never off again.
 	Quantizer    string
 	RescoreLimit int
+	// GraphConnections and GraphEfConstruction build a new collection's
+	// HNSW graph (0: defaultGraphConnections, defaultGraphEfConstruction):
+	// more links per node, and a longer candidate list while linking,
+	// make a graph that finds more of the true nearest vectors at a given
+	// SearchEf, for a slower ingest. Fixed once the collection exists.
+	GraphConnections, GraphEfConstruction int
 }
+
+// The graph's defaults.
+const (
+	defaultGraphConnections    = 32
+	defaultGraphEfConstruction = 128
+)
 
 // Quantizers are the values Layout.Quantizer takes.
 var Quantizers = []string{"", "rq"}
@@ -76,11 +88,17 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 	if layout.RescoreLimit < 0 {
 		return fmt.Errorf("%w: rescore limit %d: want 0 (the default) or more", ErrInvalid, layout.RescoreLimit)
 	}
+	if layout.GraphConnections < 0 || layout.GraphEfConstruction < 0 {
+		return fmt.Errorf("%w: graph connections %d, ef construction %d: want 0 (the default) or more", ErrInvalid, layout.GraphConnections, layout.GraphEfConstruction)
+	}
 	got, err := c.Spec(ctx)
 	switch {
 	case err == nil:
 		if got != spec {
 			return fmt.Errorf("%w: collection %s holds passages made for %+v, not %+v (another embedder or chunking: use another collection)", ErrInvalid, c.cfg.Collection, got, spec)
+		}
+		if err := c.checkGraph(ctx, layout); err != nil {
+			return err
 		}
 		if layout.SearchEf > 0 {
 			if err := c.SetSearchEf(ctx, layout.SearchEf); err != nil {
@@ -101,8 +119,8 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 	vic := map[string]any{
 		"distance":       "cosine",
 		"ef":             cmp.Or(layout.SearchEf, defaultSearchEf),
-		"efConstruction": 128,
-		"maxConnections": 32,
+		"efConstruction": cmp.Or(layout.GraphEfConstruction, defaultGraphEfConstruction),
+		"maxConnections": cmp.Or(layout.GraphConnections, defaultGraphConnections),
 	}
 	if layout.Quantizer != "" {
 		vic[layout.Quantizer] = quantizerConfig(layout.RescoreLimit)
@@ -161,6 +179,27 @@ func (c *Client) SetSearchEf(ctx context.Context, ef int) error {
 	class["vectorIndexConfig"].(map[string]any)["ef"] = ef
 	if err := c.do(ctx, http.MethodPut, "/v1/schema/"+c.cfg.Collection, class, nil); err != nil {
 		return fmt.Errorf("set search ef of %s to %d: %w", c.cfg.Collection, ef, err)
+	}
+	return nil
+}
+
+// checkGraph refuses a layout that asks an existing collection for a graph
+// built otherwise: the engine cannot rebuild it in place.
+func (c *Client) checkGraph(ctx context.Context, layout Layout) error {
+	if layout.GraphConnections == 0 && layout.GraphEfConstruction == 0 {
+		return nil
+	}
+	class, _, err := c.vectorIndexConfig(ctx)
+	if err != nil {
+		return err
+	}
+	vic := class["vectorIndexConfig"].(map[string]any)
+	m, _ := vic["maxConnections"].(float64)
+	efc, _ := vic["efConstruction"].(float64)
+	if (layout.GraphConnections > 0 && int(m) != layout.GraphConnections) ||
+		(layout.GraphEfConstruction > 0 && int(efc) != layout.GraphEfConstruction) {
+		return fmt.Errorf("%w: collection %s's graph was built with %d connections and ef construction %d, not %d and %d (a graph is rebuilt only by a new collection)",
+			ErrInvalid, c.cfg.Collection, int(m), int(efc), layout.GraphConnections, layout.GraphEfConstruction)
 	}
 	return nil
 }

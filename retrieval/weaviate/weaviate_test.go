@@ -67,6 +67,18 @@ func TestCollectionRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 700, ef)
 	require.ErrorIs(t, c.EnsureCollection(ctx, spec, Layout{SearchEf: -1}), ErrInvalid)
+	// The graph's build parameters are fixed once it exists.
+	require.NoError(t, c.EnsureCollection(ctx, spec, Layout{GraphConnections: 32, GraphEfConstruction: 128}), "the defaults, asked for")
+	require.ErrorIs(t, c.EnsureCollection(ctx, spec, Layout{GraphConnections: 48}), ErrInvalid)
+	wide, err := New(Config{URL: cl.URL(0), Collection: "Wide"})
+	require.NoError(t, err)
+	defer wide.Close()
+	require.NoError(t, wide.EnsureCollection(ctx, spec, Layout{GraphConnections: 48, GraphEfConstruction: 256}))
+	class, _, err := wide.vectorIndexConfig(ctx)
+	require.NoError(t, err)
+	vic := class["vectorIndexConfig"].(map[string]any)
+	assert.Equal(t, []any{48.0, 256.0}, []any{vic["maxConnections"], vic["efConstruction"]})
+	require.NoError(t, wide.EnsureCollection(ctx, spec, Layout{}), "a layout without them keeps them")
 
 	for range 2 {
 		failed, err := c.Upsert(ctx, testObjects())
