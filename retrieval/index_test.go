@@ -266,6 +266,31 @@ func TestUnreadableFilesAreSkippedAndCounted(t *testing.T) {
 	require.Len(t, hits, 1)
 }
 
+// A folder named through a link is read (as ls or find -H would), its
+// passages under the name given; a link to a folder met inside is not
+// followed.
+func TestLinkedFolderIsFollowedAtTheTop(t *testing.T) {
+	root := t.TempDir()
+	corpus := filepath.Join(root, "corpus")
+	writeFiles(t, corpus, map[string]string{"keeper.txt": "Readable text about lighthouses and their keepers."})
+	require.NoError(t, os.Symlink(corpus, filepath.Join(corpus, "loop")))
+	link := filepath.Join(root, "linked")
+	require.NoError(t, os.Symlink(corpus, link))
+
+	files, errs := walk([]string{link}, nil)
+	assert.Empty(t, errs)
+	assert.Equal(t, []string{filepath.Join(link, "keeper.txt")}, files)
+
+	ix, rep, err := Build(t.Context(), filepath.Join(root, "idx"), Options{Tokenizer: fakeModel()}, link)
+	require.NoError(t, err)
+	defer ix.Close()
+	assert.Equal(t, 1, rep.Files)
+	hits, err := ix.Search(t.Context(), "lighthouses", 1, ModeAuto)
+	require.NoError(t, err)
+	require.Len(t, hits, 1)
+	assert.Equal(t, filepath.Join(link, "keeper.txt"), hits[0].Passage.Source)
+}
+
 func TestCorruptIndexGivesClearError(t *testing.T) {
 	tests := []struct {
 		name     string

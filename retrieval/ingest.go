@@ -94,7 +94,23 @@ func walk(paths, exclude []string) ([]string, []FileError) {
 			errs = append(errs, FileError{p, err})
 			continue
 		}
-		err = filepath.WalkDir(abs, func(path string, d fs.DirEntry, err error) error {
+		// A path named on the command line is followed even when it is a
+		// link to a folder (links met inside are not: no cycles); what
+		// is found keeps the name given.
+		root := abs
+		if target, err := filepath.EvalSymlinks(abs); err == nil && target != abs {
+			if info, err := os.Stat(target); err == nil && info.IsDir() {
+				root = target
+			}
+		}
+		err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if root != abs {
+				rel, rerr := filepath.Rel(root, path)
+				if rerr != nil {
+					return rerr
+				}
+				path = filepath.Join(abs, rel)
+			}
 			if err != nil {
 				errs = append(errs, FileError{path, err})
 				if d != nil && d.IsDir() && path != abs {
