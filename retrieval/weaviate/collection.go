@@ -83,7 +83,7 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 		return fmt.Errorf("%w: search ef %d: want 0 (the collection's) or more", ErrInvalid, layout.SearchEf)
 	}
 	if !slices.Contains(Quantizers, layout.Quantizer) {
-		return fmt.Errorf("%w: quantizer %q: want none or rq", ErrInvalid, layout.Quantizer)
+		return fmt.Errorf("%w: quantizer %q: want rq, or none (empty)", ErrInvalid, layout.Quantizer)
 	}
 	if layout.RescoreLimit < 0 {
 		return fmt.Errorf("%w: rescore limit %d: want 0 (the default) or more", ErrInvalid, layout.RescoreLimit)
