@@ -21,7 +21,7 @@ pin() { # pin CORE: taskset when the machine has that core
 # wait_serving NAME LOG: until the daemon logs that it serves (or dies).
 wait_serving() {
   for _ in $(seq 1 240); do
-    grep -q 'msg=serving' "$2" && return 0
+    grep -qs 'msg=serving' "$2" && return 0
     if ! kill -0 "${pids[-1]}" 2>/dev/null; then echo "the $1 daemon failed:"; cat "$2"; exit 1; fi
     sleep 0.5
   done
