@@ -97,18 +97,7 @@ func (c *Client) EnsureCollection(ctx context.Context, spec Spec, layout Layout)
 		if got != spec {
 			return fmt.Errorf("%w: collection %s holds passages made for %+v, not %+v (another embedder or chunking: use another collection)", ErrInvalid, c.cfg.Collection, got, spec)
 		}
-		if err := c.checkGraph(ctx, layout); err != nil {
-			return err
-		}
-		if layout.SearchEf > 0 {
-			if err := c.SetSearchEf(ctx, layout.SearchEf); err != nil {
-				return err
-			}
-		}
-		if layout.Quantizer != "" {
-			return c.setQuantizer(ctx, layout.Quantizer, layout.RescoreLimit)
-		}
-		return nil
+		return c.reconfigure(ctx, layout)
 	case !errors.Is(err, ErrNoCollection):
 		return err
 	}
@@ -172,24 +161,17 @@ func (c *Client) SetSearchEf(ctx context.Context, ef int) error {
 	if ef < 1 {
 		return fmt.Errorf("%w: search ef %d: want at least 1", ErrInvalid, ef)
 	}
-	class, have, err := c.vectorIndexConfig(ctx)
-	if err != nil || have == ef {
-		return err
-	}
-	class["vectorIndexConfig"].(map[string]any)["ef"] = ef
-	if err := c.do(ctx, http.MethodPut, "/v1/schema/"+c.cfg.Collection, class, nil); err != nil {
-		return fmt.Errorf("set search ef of %s to %d: %w", c.cfg.Collection, ef, err)
-	}
-	return nil
+	return c.reconfigure(ctx, Layout{SearchEf: ef})
 }
 
-// checkGraph refuses a layout that asks an existing collection for a graph
-// built otherwise: the engine cannot rebuild it in place.
-func (c *Client) checkGraph(ctx context.Context, layout Layout) error {
-	if layout.GraphConnections == 0 && layout.GraphEfConstruction == 0 {
-		return nil
-	}
-	class, _, err := c.vectorIndexConfig(ctx)
+// reconfigure brings an existing collection's vector index to what layout
+// asks, in one read and at most one update: the search ef and the
+// quantizer change in place (the engine compresses the vectors it holds,
+// shard by shard, before it searches them again); a graph built otherwise
+// is refused, since the engine cannot rebuild it, and so is trading one
+// quantizer for another.
+func (c *Client) reconfigure(ctx context.Context, layout Layout) error {
+	class, ef, err := c.vectorIndexConfig(ctx)
 	if err != nil {
 		return err
 	}
@@ -200,6 +182,27 @@ func (c *Client) checkGraph(ctx context.Context, layout Layout) error {
 		(layout.GraphEfConstruction > 0 && int(efc) != layout.GraphEfConstruction) {
 		return fmt.Errorf("%w: collection %s's graph was built with %d connections and ef construction %d, not %d and %d (a graph is rebuilt only by a new collection)",
 			ErrInvalid, c.cfg.Collection, int(m), int(efc), layout.GraphConnections, layout.GraphEfConstruction)
+	}
+	changed := false
+	if layout.SearchEf > 0 && layout.SearchEf != ef {
+		vic["ef"] = layout.SearchEf
+		changed = true
+	}
+	if q := layout.Quantizer; q != "" {
+		have, haveLimit := quantizerOf(vic)
+		switch {
+		case have != "" && have != q:
+			return fmt.Errorf("%w: collection %s is compressed with %s already, which cannot be turned off", ErrInvalid, c.cfg.Collection, have)
+		case have != q || (layout.RescoreLimit > 0 && haveLimit != layout.RescoreLimit):
+			vic[q] = quantizerConfig(layout.RescoreLimit)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := c.do(ctx, http.MethodPut, "/v1/schema/"+c.cfg.Collection, class, nil); err != nil {
+		return fmt.Errorf("update the vector index of %s: %w", c.cfg.Collection, err)
 	}
 	return nil
 }
@@ -228,30 +231,6 @@ func quantizerOf(vic map[string]any) (string, int) {
 
 func quantizerConfig(rescoreLimit int) map[string]any {
 	return map[string]any{"enabled": true, "bits": 8, "rescoreLimit": cmp.Or(rescoreLimit, defaultRescoreLimit)}
-}
-
-// setQuantizer turns q on for the collection, or changes its rescore
-// limit, if it differs. The engine compresses the vectors it holds, shard
-// by shard, before it searches them again.
-func (c *Client) setQuantizer(ctx context.Context, q string, rescoreLimit int) error {
-	class, _, err := c.vectorIndexConfig(ctx)
-	if err != nil {
-		return err
-	}
-	vic := class["vectorIndexConfig"].(map[string]any)
-	have, haveLimit := quantizerOf(vic)
-	want := cmp.Or(rescoreLimit, defaultRescoreLimit)
-	switch {
-	case have == q && (rescoreLimit == 0 || haveLimit == want):
-		return nil
-	case have != "" && have != q:
-		return fmt.Errorf("%w: collection %s is compressed with %s already, which cannot be turned off", ErrInvalid, c.cfg.Collection, have)
-	}
-	vic[q] = quantizerConfig(rescoreLimit)
-	if err := c.do(ctx, http.MethodPut, "/v1/schema/"+c.cfg.Collection, class, nil); err != nil {
-		return fmt.Errorf("turn on %s for %s: %w", q, c.cfg.Collection, err)
-	}
-	return nil
 }
 
 // vectorIndexConfig reads the collection's class (whole, as an update
