@@ -39,7 +39,7 @@ int dragon_decode_done_fd(dragon_ctx *c);
 // KV slot, 2 aborted, <0 error), once its end was read.
 int32_t dragon_decode_result(dragon_ctx *c);
 
-// dragon_last_decode_ns is the time the last dragon_decode spent inside
+// dragon_last_decode_ns is the time the last pass spent inside
 // llama_decode, to tell llama.cpp's cost from the wrapper's.
 int64_t dragon_last_decode_ns(dragon_ctx *c);
 
