@@ -17,7 +17,7 @@ type VerifyTable struct {
 
 type costPoint struct {
 	rows   int
-	ms     float64   // median of recent
+	ms     float64   // see estimate
 	recent []float64 // the last costWindow measurements, oldest first
 }
 
@@ -26,6 +26,13 @@ type costPoint struct {
 // such pass in a moving average would inflate the one-row cost for many
 // steps and make drafts look cheap).
 const costWindow = 9
+
+// settledSamples is how many measurements of a size make its median
+// trusted. Below that the size costs the least of them: a stall only ever
+// lengthens a pass, and a size priced by one stalled pass would never be
+// chosen, so never measured again, and speculation would stay off for good.
+// Priced by its fastest pass it is tried, and measured, until it settles.
+const settledSamples = 3
 
 // priorSlope: with fewer than two measurements, each extra row is assumed
 // to cost this fraction of a one-row pass. A placeholder until measured.
@@ -51,7 +58,8 @@ func (t *VerifyTable) Set(rows int, ms float64) {
 }
 
 // Observe adds a measurement: the size's cost becomes the median of its
-// last costWindow measurements.
+// last costWindow measurements, or their least while fewer than
+// settledSamples.
 func (t *VerifyTable) Observe(rows int, ms float64) {
 	i, found := slices.BinarySearchFunc(t.pts, rows, func(p costPoint, r int) int { return p.rows - r })
 	if !found {
@@ -65,6 +73,10 @@ func (t *VerifyTable) Observe(rows int, ms float64) {
 	p.recent = append(p.recent, ms)
 	sorted := slices.Sorted(slices.Values(p.recent))
 	n := len(sorted)
+	if n < settledSamples {
+		p.ms = sorted[0]
+		return
+	}
 	p.ms = (sorted[(n-1)/2] + sorted[n/2]) / 2
 }
 

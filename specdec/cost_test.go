@@ -29,7 +29,7 @@ func TestVerifyTable(t *testing.T) {
 		require.InDelta(t, tc.want, tb.At(tc.rows), 1e-9, "rows %d", tc.rows)
 	}
 	tb.Observe(4, 22)
-	require.InDelta(t, 17, tb.At(4), 1e-9, "median of 12 and 22")
+	require.InDelta(t, 12, tb.At(4), 1e-9, "two measurements: the faster")
 	tb.Observe(4, 100) // a stalled pass
 	require.InDelta(t, 22, tb.At(4), 1e-9, "median of 12, 22, 100")
 	tb.Observe(4, 13)
@@ -40,6 +40,8 @@ func TestVerifyTable(t *testing.T) {
 	}
 	require.InDelta(t, 30, tb.At(4), 1e-9, "only the last measurements count")
 	tb.Observe(6, 31) // a new size
+	require.InDelta(t, 31, tb.At(6), 1e-9)
+	tb.Observe(6, 90) // stalled before the size settled: it stays cheap enough to be tried again
 	require.InDelta(t, 31, tb.At(6), 1e-9)
 	tb.Set(16, 5) // noisy measurement: extrapolation never decreases
 	require.GreaterOrEqual(t, tb.At(32), 5.0)
