@@ -277,10 +277,15 @@ func writeFloat(path string, v float64) error {
 	return os.WriteFile(path, []byte(strconv.FormatFloat(v, 'g', -1, 64)+"\n"), 0o644)
 }
 
+// hitKeys names hits by file name and offset: a passage's source is its
+// file's absolute path, and the reference index and an engine's ingest
+// may have read the one corpus folder by different paths (a kept folder
+// linked from another run's), which made every hit a miss. The
+// synthetic corpus is one folder, so its file names are unique.
 func hitKeys(hits []retrieval.Hit) []string {
 	out := make([]string, len(hits))
 	for i, h := range hits {
-		out[i] = fmt.Sprintf("%s@%d", h.Passage.Source, h.Passage.Start)
+		out[i] = fmt.Sprintf("%s@%d", filepath.Base(h.Passage.Source), h.Passage.Start)
 	}
 	return out
 }

@@ -52,6 +52,16 @@ func TestMeasureRecall(t *testing.T) {
 	assert.Zero(t, rssOf(-1))
 }
 
+func TestHitKeysIgnoreTheCorpusFolderPath(t *testing.T) {
+	hit := func(src string, start int) retrieval.Hit {
+		return retrieval.Hit{Passage: retrieval.Passage{Source: src, Start: start}}
+	}
+	ref := hitKeys([]retrieval.Hit{hit("/runs/a/corpus/synth-000001.txt", 0), hit("/runs/a/corpus/synth-000002.txt", 40)})
+	got := hitKeys([]retrieval.Hit{hit("/runs/b/corpus/synth-000001.txt", 0), hit("/runs/b/corpus/synth-000002.txt", 41)})
+	assert.Equal(t, ref[0], got[0], "one passage read through another folder path")
+	assert.NotEqual(t, ref[1], got[1], "another offset is another passage")
+}
+
 // countingSearcher counts the queries it is asked and fails on "bad".
 type countingSearcher struct {
 	mu    sync.Mutex
