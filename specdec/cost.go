@@ -17,7 +17,7 @@ type VerifyTable struct {
 
 type costPoint struct {
 	rows   int
-	ms     float64   // see estimate
+	ms     float64   // the size's cost (Observe says how)
 	recent []float64 // the last costWindow measurements, oldest first
 }
 
