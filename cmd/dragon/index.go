@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/retrieval"
@@ -31,12 +32,9 @@ type indexFlags struct {
 	maxErrors            int
 	// remote is build's and add's --retrieval: a collection to stream
 	// passages into instead of an index folder.
-	remote           string
-	shards, replicas int
-	searchEf         int
-	quantizer        string
-	graphM, graphEfc int
-	batch            int
+	remote string
+	layout weaviate.Layout
+	batch  int
 }
 
 func newIndexCmd() *cobra.Command {
@@ -82,13 +80,8 @@ trained for retrieval).`,
 	for _, c := range []*cobra.Command{build, add} {
 		f := c.Flags()
 		f.StringVar(&fl.remote, "retrieval", "", "stream passages into a Weaviate collection instead of --dir: weaviate://HOST:PORT/COLLECTION or weaviate+https://... (API key in $DRAGON_WEAVIATE_API_KEY); resumable, idempotent")
-		f.IntVar(&fl.shards, "shards", 1, "with --retrieval: shards of a new collection")
-		f.IntVar(&fl.replicas, "replicas", 1, "with --retrieval: replicas of each shard of a new collection (2 survive losing a node)")
 		f.IntVar(&fl.batch, "batch", 128, "with --retrieval: passages per request")
-		f.IntVar(&fl.searchEf, "search-ef", 0, "with --retrieval: the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
-		f.IntVar(&fl.graphM, "graph-connections", 0, "with --retrieval: the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest")
-		f.IntVar(&fl.graphEfc, "graph-ef-construction", 0, "with --retrieval: the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest")
-		f.StringVar(&fl.quantizer, "quantizer", "", "with --retrieval: the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
+		layoutFlags(f, &fl.layout, "with --retrieval: ")
 	}
 	add.Flags().IntVar(&fl.chunkTokens, "chunk-tokens", retrieval.DefaultChunkTokens, "with --retrieval: tokens per passage (the collection's)")
 	add.Flags().IntVar(&fl.overlap, "overlap", retrieval.DefaultOverlap, "with --retrieval: tokens shared by consecutive passages")
@@ -450,7 +443,7 @@ func runIndexStream(ctx context.Context, out io.Writer, fl indexFlags, paths []s
 	defer m.Close()
 	opts := retrieval.StreamOptions{
 		Tokenizer: m, Chunk: retrieval.ChunkOptions{Tokens: fl.chunkTokens, Overlap: fl.overlap}, Batch: fl.batch,
-		Layout: weaviate.Layout{Shards: fl.shards, Replicas: fl.replicas, SearchEf: fl.searchEf, Quantizer: fl.quantizer, GraphConnections: fl.graphM, GraphEfConstruction: fl.graphEfc},
+		Layout: fl.layout,
 	}
 	if spec, err := store.Spec(ctx); err == nil {
 		// An existing collection is filled as it was made.
@@ -515,4 +508,16 @@ func deleteRemote(cmd *cobra.Command, fl indexFlags, sources []string) error {
 		fmt.Fprintf(cmd.OutOrStdout(), "deleted %s: %d passages\n", abs, n)
 	}
 	return retrieval.RefreshTermStats(cmd.Context(), store, nil)
+}
+
+// layoutFlags binds the flags that place and tune a new Weaviate
+// collection (and tune an existing one's vector index) to l, each help
+// text led by prefix.
+func layoutFlags(f *pflag.FlagSet, l *weaviate.Layout, prefix string) {
+	f.IntVar(&l.Shards, "shards", 1, prefix+"shards of a new collection")
+	f.IntVar(&l.Replicas, "replicas", 1, prefix+"replicas of each shard of a new collection (2 survive losing a node)")
+	f.IntVar(&l.SearchEf, "search-ef", 0, prefix+"the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
+	f.IntVar(&l.GraphConnections, "graph-connections", 0, prefix+"the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest")
+	f.IntVar(&l.GraphEfConstruction, "graph-ef-construction", 0, prefix+"the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest")
+	f.StringVar(&l.Quantizer, "quantizer", "", prefix+"the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
 }

@@ -13,11 +13,9 @@ import (
 
 func newIndexPushCmd(fl *indexFlags) *cobra.Command {
 	var (
-		to               string
-		shards, replicas int
-		batch, searchEf  int
-		quantizer        string
-		graphM, graphEfc int
+		to     string
+		batch  int
+		layout weaviate.Layout
 	)
 	cmd := &cobra.Command{
 		Use:   "push --dir DIR --to weaviate://HOST:PORT/COLLECTION",
@@ -43,7 +41,7 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 			defer ix.Close()
 			start := time.Now()
 			bar := newProgressBar(os.Stderr, fl.quiet)
-			failed, err := retrieval.Push(cmd.Context(), ix, store, weaviate.Layout{Shards: shards, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc}, batch, bar.update)
+			failed, err := retrieval.Push(cmd.Context(), ix, store, layout, batch, bar.update)
 			bar.done()
 			printNotStored(os.Stderr, failed, fl.maxErrors)
 			if err != nil {
@@ -62,13 +60,8 @@ The API key comes from $DRAGON_WEAVIATE_API_KEY.`,
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "collection URL: weaviate://HOST:PORT/COLLECTION or weaviate+https://...")
-	cmd.Flags().IntVar(&shards, "shards", 1, "shards of a new collection")
-	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of each shard of a new collection")
 	cmd.Flags().IntVar(&batch, "batch", 256, "passages per request")
-	cmd.Flags().IntVar(&searchEf, "search-ef", 0, "the collection's query-time HNSW candidate list (0: 256 for a new collection, an existing one's kept); longer finds more true nearest vectors, slower")
-	cmd.Flags().IntVar(&graphM, "graph-connections", 0, "the HNSW graph of a new collection: links per node (0: 32); more find more true nearest vectors at a given search ef, for a slower ingest")
-	cmd.Flags().IntVar(&graphEfc, "graph-ef-construction", 0, "the HNSW graph of a new collection: candidate list while linking (0: 128); longer builds a better graph, for a slower ingest")
-	cmd.Flags().StringVar(&quantizer, "quantizer", "", "the collection's vector quantizer: empty for float32 vectors (an existing collection keeps its own) or rq (8-bit rotational quantization: about 30% less engine memory at 10^6 passages, searches no faster there; cannot be turned off)")
+	layoutFlags(cmd.Flags(), &layout, "")
 	cobra.MarkFlagRequired(cmd.Flags(), "to")
 	return cmd
 }
