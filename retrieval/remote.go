@@ -32,9 +32,14 @@ type RemoteIndex struct {
 var _ Searcher = (*RemoteIndex)(nil)
 
 // lexicalCandidates is how many passages the engine's own BM25 proposes
-// per passage we keep: our scoring reorders them (it weighs terms by idf²
-// and rewards matching more of them), so the engine must look deeper.
-const lexicalCandidates = 4
+// for a ranking of pool passages of which k are returned: our scoring
+// reorders them (it weighs terms by idf² and rewards matching more of
+// them), so the engine must look deeper, most of all near the top. Each
+// candidate is an object the engine loads and parses, most of a lexical
+// search's cost: at 10^6 passages, hybrid queries (pool 50) with 100
+// candidates rather than 200 took 0.76× the time at p50 for a recall@10
+// of 0.947 rather than 0.948 (docs/BENCHMARKS.md).
+func lexicalCandidates(pool, k int) int { return max(2*pool, 4*k) }
 
 // OpenRemote checks that the collection holds passages analyzed our way
 // and, for dense search, vectors from emb (nil: BM25 only).
@@ -103,7 +108,7 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 		}()
 		go func() {
 			defer wg.Done()
-			lexCands, lexErr = r.store.Lexical(ctx, unique, lexicalCandidates*pool)
+			lexCands, lexErr = r.store.Lexical(ctx, unique, lexicalCandidates(pool, k))
 		}()
 	}
 	if mode != ModeBM25 {
