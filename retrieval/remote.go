@@ -37,8 +37,8 @@ var _ Searcher = (*RemoteIndex)(nil)
 // them), so the engine must look deeper, most of all near the top. Each
 // candidate is an object the engine loads and parses, most of a lexical
 // search's cost: at 10^6 passages, hybrid queries (pool 50) with 100
-// candidates rather than 200 took 0.76× the time at p50 for a recall@10
-// of 0.947 rather than 0.948 (docs/BENCHMARKS.md).
+// candidates rather than 200 took 0.76–0.85× the time at p50 (two runs)
+// for a recall@10 of 0.947 rather than 0.948 (docs/BENCHMARKS.md).
 func lexicalCandidates(pool, k int) int { return max(2*pool, 4*k) }
 
 // OpenRemote checks that the collection holds passages analyzed our way
