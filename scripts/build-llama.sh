@@ -72,7 +72,16 @@ flags=(
 )
 cxx=c++
 case $arch in
-amd64) ;;
+amd64)
+  # AMX off: where -march=native finds it (Sapphire Rapids and later),
+  # ggml repacks Q8_0 weights for its AMX kernels, whose tile loads died
+  # with SIGILL on our decode thread on such a VM, and whose sums are not
+  # ggml's dot product's, which batched = alone needs.
+  if [ "${GGML_NATIVE:-ON}" = ON ]; then
+    noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    flags+=(-DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx")
+  fi
+  ;;
 arm64)
   # Cross-compiling: GGML_NATIVE would probe this x86 host, so it is off
   # and the ARM target is named instead.
