@@ -28,7 +28,8 @@
 # at 4): each weight block is loaded, made absolute and its scale
 # widened once for all the rows, while each row's arithmetic stays that
 # of ggml's one-row dot product, so every row is bit for bit what it is
-# in a pass of its own.
+# in a pass of its own. With AVX-512 VNNI it takes two rows a 512-bit
+# register, with the same exact sums.
 #
 # Also in that exact mode, scripts/llama-attn.patch (ATTN=off leaves it
 # out) pads the KV cells a pass attends over to 32 rather than 256 and
