@@ -91,7 +91,18 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 // in consecutive passes of that size (8: then 4), so later passes also
 // read the KV cache of earlier ones.
 func TestBatchRowsEqualOneByOne(t *testing.T) {
-	m := loadReal(t)
+	t.Run("default", func(t *testing.T) { batchRowsEqualOneByOne(t, loadReal(t)) })
+	// The shipped Q4_1 weights take their own kernel at every pass size
+	// where the build has one (AVX-512 VNNI), ggml's dot product elsewhere.
+	t.Run("Q4_1", func(t *testing.T) {
+		m, err := Load(testmodel.SourcePath(t), Options{Threads: 1})
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		batchRowsEqualOneByOne(t, m)
+	})
+}
+
+func batchRowsEqualOneByOne(t *testing.T, m *Model) {
 	toks := tokens(t, m, passage)[:12]
 	ctx := context.Background()
 

@@ -30,6 +30,17 @@ func Path(t testing.TB) string {
 	return p
 }
 
+// SourcePath is the chat model as it ships (Q4_1), which `make model`
+// fetches and requantizes into the default.
+func SourcePath(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("shipped model not found at %s: run `make model` (%v)", p, err)
+	}
+	return p
+}
+
 // EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
 // Q8_0: $DRAGON_EMBED_MODEL, else models/ in the repository (`make
 // embed-model`).
