@@ -556,7 +556,12 @@ func (d *Decoder) Decode(payload []byte, dst *Sparse) error {
 		if rawLen == 0 || rawLen > uint64(d.maxBody) || rawLen > uint64(len(block))*lz4MaxRatio+16 {
 			return fmt.Errorf("%w: LZ4 length %d out of range", ErrCorrupt, rawLen)
 		}
-		d.raw = slices.Grow(d.raw[:0], int(rawLen))[:rawLen]
+		// make, not slices.Grow: Grow rounds the capacity up to the
+		// allocator's size class, past maxBody.
+		if cap(d.raw) < int(rawLen) {
+			d.raw = make([]byte, rawLen)
+		}
+		d.raw = d.raw[:rawLen]
 		got, err := lz4.UncompressBlock(block, d.raw)
 		if err != nil {
 			return fmt.Errorf("%w: lz4: %v", ErrCorrupt, err)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pierrec/lz4/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -603,4 +604,20 @@ func TestDraftFromViewKeepsPayload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, first, again)
 	}
+}
+
+// The LZ4 buffer a decoder keeps is bounded by maxBody, capacity included,
+// even when a payload asks for maxBody bytes and then fails to decode.
+func TestDecoderBufferStaysWithinMaxBody(t *testing.T) {
+	d, err := NewDecoder(161)
+	require.NoError(t, err)
+	raw := make([]byte, d.maxBody)
+	block := make([]byte, lz4.CompressBlockBound(len(raw)))
+	n, err := lz4.CompressBlock(raw, block, nil)
+	require.NoError(t, err)
+	payload := binary.AppendUvarint([]byte{formatVersion<<4 | flagLZ4}, uint64(len(raw)))
+	payload = append(payload, block[:n]...)
+	var s Sparse
+	require.ErrorIs(t, d.Decode(payload, &s), ErrCorrupt)
+	assert.LessOrEqual(t, cap(d.raw), d.maxBody)
 }
