@@ -34,11 +34,7 @@ func Path(t testing.TB) string {
 // fetches and requantizes into the default.
 func SourcePath(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("shipped model not found at %s: run `make model` (%v)", p, err)
-	}
-	return p
+	return mustExist(t, filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf"), "shipped model", "model")
 }
 
 // EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
@@ -59,9 +55,14 @@ func EmbedPath(t testing.TB) string {
 // EmbedF16Path is the embedding model as converted, before quantization.
 func EmbedF16Path(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(Root(), "models", "all-MiniLM-L6-v2.F16.gguf")
+	return mustExist(t, filepath.Join(Root(), "models", "all-MiniLM-L6-v2.F16.gguf"), "converted embedding model", "embed-model")
+}
+
+// mustExist returns p, or fails the test saying which make target makes it.
+func mustExist(t testing.TB, p, what, target string) string {
+	t.Helper()
 	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("converted embedding model not found at %s: run `make embed-model` (%v)", p, err)
+		t.Fatalf("%s not found at %s: run `make %s` (%v)", what, p, target, err)
 	}
 	return p
 }
