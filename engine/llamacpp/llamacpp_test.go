@@ -88,8 +88,9 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 // Every row of a pass is bit for bit the row decoded alone, whatever the
 // pass size: 2 to 8 rows and 12, so 8 then 4, and later passes also read
 // the KV cache of earlier ones. On x86 both weight types take our kernels
-// (scripts/llama-kernels.patch): the default Q4_1 at every pass size, Q8_0
-// at 2 to 8 rows (tinyBLAS at 12), each row as ggml's one-row dot product.
+// (scripts/llama-kernels.patch): the default Q4_1 at every pass size, its
+// rows' arithmetic the same in each; Q8_0 at 2 to 8 rows (tinyBLAS at 12),
+// each row as ggml's one-row dot product.
 func TestBatchRowsEqualOneByOne(t *testing.T) {
 	t.Run("default", func(t *testing.T) { batchRowsEqualOneByOne(t, loadReal(t)) })
 	t.Run("Q8_0", func(t *testing.T) {
