@@ -24,10 +24,7 @@ func Path(t testing.TB) string {
 	if p == "" {
 		p = filepath.Join(Root(), "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("default model not found at %s: run `make model` (%v)", p, err)
-	}
-	return p
+	return mustExist(t, p, "default model", "model")
 }
 
 // EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
@@ -39,10 +36,7 @@ func EmbedPath(t testing.TB) string {
 	if p == "" {
 		p = filepath.Join(Root(), "models", "all-MiniLM-L6-v2.Q8_0.gguf")
 	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("embedding model not found at %s: run `make embed-model` (%v)", p, err)
-	}
-	return p
+	return mustExist(t, p, "embedding model", "embed-model")
 }
 
 // EmbedF16Path is the embedding model as converted, before quantization.
