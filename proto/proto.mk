@@ -14,7 +14,7 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
 BUF_VERSION ?= v1.50.0
 PROTO_BIN := $(CURDIR)/build/bin
 PROTO_DIR := proto
-PROTO_FILES := $(wildcard $(PROTO_DIR)/dragon/v1/*.proto)
+PROTO_FILES := $(wildcard $(PROTO_DIR)/dragon/v1/*.proto) $(wildcard $(PROTO_DIR)/weaviate/v1/*.proto)
 # A stamp per plugin version, so bumping a version reinstalls the plugin.
 PROTOC_GEN_GO := $(PROTO_BIN)/.protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_GO_GRPC := $(PROTO_BIN)/.protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)

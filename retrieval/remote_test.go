@@ -63,10 +63,44 @@ func TestRemoteMatchesBleve(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, n, count, "no passage twice")
 
+	key := func(h Hit) string { return fmt.Sprintf("%s@%d", filepath.Base(h.Passage.Source), h.Passage.Start) }
+	// Both ways of asking the engine (GraphQL, gRPC) rank alike.
+	hybrid := map[string][][]Hit{}
+	for _, api := range []string{"graphql", "grpc"} {
+		t.Run(api, func(t *testing.T) {
+			cfg := weaviate.Config{URL: cl.URL(0), Collection: "Sotu"}
+			if api == "grpc" {
+				cfg.GRPC = cl.GRPC(0)
+			}
+			store, err := weaviate.New(cfg)
+			require.NoError(t, err)
+			defer store.Close()
+			hybrid[api] = remoteMatchesLocal(t, ix, store, emb, key)
+		})
+	}
+	require.Len(t, hybrid["grpc"], len(remoteQueries))
+	for i, q := range remoteQueries {
+		a, b := hybrid["graphql"][i], hybrid["grpc"][i]
+		require.Len(t, b, len(a), q)
+		for j := range a {
+			assert.Equal(t, key(a[j]), key(b[j]), "%q rank %d", q, j+1)
+			assert.InDelta(t, a[j].Score, b[j].Score, 1e-6, "%q rank %d", q, j+1)
+			assert.Equal(t, a[j].Passage.Text, b[j].Passage.Text, "%q rank %d", q, j+1)
+		}
+	}
+
+	// A store without the embedder's vectors is refused for dense search.
+	_, err = OpenRemote(t.Context(), store, NewEngineEmbedder(fakeModel(), EngineEmbedderOptions{}))
+	assert.ErrorIs(t, err, ErrEmbedder)
+}
+
+// remoteMatchesLocal checks that store ranks BM25 like ix, score for
+// score, and shares most of ix's hybrid top 10; it returns its hybrid hits.
+func remoteMatchesLocal(t *testing.T, ix *Index, store *weaviate.Client, emb Embedder, key func(Hit) string) [][]Hit {
 	remote, err := OpenRemote(t.Context(), store, emb)
 	require.NoError(t, err)
-	key := func(h Hit) string { return fmt.Sprintf("%s@%d", filepath.Base(h.Passage.Source), h.Passage.Start) }
 	var overlap float64
+	var hybrid [][]Hit
 	for _, q := range remoteQueries {
 		local, err := ix.Search(t.Context(), q, 10, ModeBM25)
 		require.NoError(t, err)
@@ -102,13 +136,11 @@ func TestRemoteMatchesBleve(t *testing.T) {
 			}
 		}
 		overlap += float64(shared) / float64(len(local))
+		hybrid = append(hybrid, far)
 		t.Logf("%-50q hybrid top 10 shared: %d", q, shared)
 	}
 	overlap /= float64(len(remoteQueries))
 	t.Logf("hybrid: %.2f of the top 10 shared on average", overlap)
 	assert.GreaterOrEqual(t, overlap, 0.8)
-
-	// A store without the embedder's vectors is refused for dense search.
-	_, err = OpenRemote(t.Context(), store, NewEngineEmbedder(fakeModel(), EngineEmbedderOptions{}))
-	assert.ErrorIs(t, err, ErrEmbedder)
+	return hybrid
 }

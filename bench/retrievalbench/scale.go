@@ -36,10 +36,12 @@ type ScalePoint struct {
 	RSSMB float64 `json:"rss_mb"`
 }
 
-// Cluster is a running engine: its URL and the resident memory of its
+// Cluster is a running engine: its URLs and the resident memory of its
 // nodes.
 type Cluster interface {
 	URL() string
+	// GRPC is the gRPC address of the node URL names.
+	GRPC() string
 	RSSBytes() (int64, error)
 	Stop() error
 }
@@ -78,7 +80,10 @@ type ScaleOptions struct {
 	// GraphConnections and GraphEfConstruction build a new collection's
 	// graph (weaviate.Layout).
 	GraphConnections, GraphEfConstruction int
-	StartEngine                           func(nodes int) (Cluster, error)
+	// GraphQL sends the engine's searches as GraphQL rather than over its
+	// gRPC API (the default), to compare the two.
+	GraphQL     bool
+	StartEngine func(nodes int) (Cluster, error)
 	// Clients in flight for QPS (default 4).
 	Clients int
 	Dir     string
@@ -167,7 +172,11 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			if err != nil {
 				return out, err
 			}
-			store, err := weaviate.New(weaviate.Config{URL: cl.URL(), Collection: "Scale", Timeout: time.Minute})
+			cfg := weaviate.Config{URL: cl.URL(), GRPC: cl.GRPC(), Collection: "Scale", Timeout: time.Minute}
+			if o.GraphQL {
+				cfg.GRPC = ""
+			}
+			store, err := weaviate.New(cfg)
 			if err != nil {
 				cl.Stop()
 				return out, err
@@ -420,6 +429,9 @@ type ScriptCluster struct {
 
 // URL implements Cluster.
 func (c *ScriptCluster) URL() string { return fmt.Sprintf("http://127.0.0.1:%d", c.Base) }
+
+// GRPC implements Cluster (cluster.sh's ports: BASE+100+I).
+func (c *ScriptCluster) GRPC() string { return fmt.Sprintf("127.0.0.1:%d", c.Base+100) }
 
 // RSSBytes implements Cluster: the nodes' resident memory summed.
 func (c *ScriptCluster) RSSBytes() (int64, error) {

@@ -45,6 +45,8 @@ type retrievalReport struct {
 	// --scale-graph-ef-construction (0: the engine collection's defaults).
 	ScaleGraphConnections    int `json:"scale_graph_connections,omitempty"`
 	ScaleGraphEfConstruction int `json:"scale_graph_ef_construction,omitempty"`
+	// ScaleAPI is --scale-api: how the engine is asked (grpc or graphql).
+	ScaleAPI string `json:"scale_api,omitempty"`
 	// ScaleWarmup is --warmup: unmeasured questions asked of each backend
 	// before the measured ones.
 	ScaleWarmup int                                             `json:"scale_warmup_queries,omitempty"`
@@ -64,6 +66,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		script                             string
 		queries, warmup                    int
 		scaleMode, scaleVectors, quantizer string
+		scaleAPI                           string
 		replicas, searchEf                 int
 		graphM, graphEfc                   int
 		keep                               string
@@ -175,6 +178,9 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 						ws = append(ws, x.Text)
 					}
 				}
+				if scaleAPI != "grpc" && scaleAPI != "graphql" {
+					return fmt.Errorf("--scale-api %q: want grpc or graphql", scaleAPI)
+				}
 				mode, err := retrieval.ParseMode(scaleMode)
 				if err != nil {
 					return err
@@ -184,9 +190,9 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup = scaleVectors, replicas, searchEf, quantizer, len(ws)
+				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup, rep.ScaleAPI = scaleVectors, replicas, searchEf, quantizer, len(ws), scaleAPI
 				rep.ScaleGraphConnections, rep.ScaleGraphEfConstruction = graphM, graphEfc
-				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc, Log: logf}
+				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc, GraphQL: scaleAPI == "graphql", Log: logf}
 				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
@@ -221,6 +227,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.StringVar(&quantizer, "scale-quantizer", "", "scale run: turn on the engine collection's vector quantizer (rq), on a kept collection too (it cannot be turned off)")
 	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
 	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
+	f.StringVar(&scaleAPI, "scale-api", "grpc", "scale run: how searches reach the engine: grpc (its binary search API) or graphql")
 	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")
 	return cmd
 }

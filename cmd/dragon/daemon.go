@@ -70,7 +70,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
 	fs.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long generations in progress may take to finish")
 	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
-	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
+	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; ?grpc=:PORT searches over its gRPC port; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
 	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")

@@ -28,7 +28,8 @@ func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 	_, err = runIndex(t, "push", "--dir", dir, "--to", url, "-q")
 	require.NoError(t, err)
 
-	client, dev, cld := pairWith(t, 0, []string{"--index", url + "?timeout=3s"}, nil, nil)
+	// The cloud searches over the engine's gRPC port.
+	client, dev, cld := pairWith(t, 0, []string{"--index", url + "?timeout=3s&grpc=" + cl.GRPC(0)}, nil, nil)
 	ready := func() int {
 		resp, err := http.Get("http://" + cld.HTTPAddr() + "/readyz")
 		require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"path"
@@ -824,8 +825,8 @@ func checkDragonContainer(t *testing.T, m *manifests, c *cli, d *appsv1.Deployme
 
 // checkIndexURL checks a weaviate:// --index against the manifests: its
 // host is a Service (by name, or its cluster DNS name) selecting a
-// StatefulSet's pods, its port one the Service serves, and the collection
-// a valid name.
+// StatefulSet's pods, its port (and the gRPC port of ?grpc=:PORT) one the
+// Service serves, and the collection a valid name.
 func checkIndexURL(t *testing.T, m *manifests, id, namespace, raw string) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -850,8 +851,18 @@ func checkIndexURL(t *testing.T, m *manifests, id, namespace, raw string) {
 		if s.Spec.ClusterIP == corev1.ClusterIPNone {
 			t.Errorf("%s: --index %s: Service/%s is headless; point at the one that balances", id, raw, s.Name)
 		}
-		if !slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return strconv.Itoa(int(p.Port)) == portStr }) {
-			t.Errorf("%s: --index %s: Service/%s serves no port %s", id, raw, s.Name, portStr)
+		ports := []string{portStr}
+		if g := u.Query().Get("grpc"); g != "" {
+			gh, gp, err := net.SplitHostPort(g)
+			if err != nil || gh != "" && gh != host {
+				t.Errorf("%s: --index %s: grpc=%s: want :PORT on the Service's host", id, raw, g)
+			}
+			ports = append(ports, gp)
+		}
+		for _, port := range ports {
+			if !slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return strconv.Itoa(int(p.Port)) == port }) {
+				t.Errorf("%s: --index %s: Service/%s serves no port %s", id, raw, s.Name, port)
+			}
 		}
 		pods := m.podsSelectedBy(s.Namespace, labels.SelectorFromSet(s.Spec.Selector))
 		if !slices.ContainsFunc(pods, func(p pod) bool { return strings.HasPrefix(p.owner, "StatefulSet/") }) {

@@ -112,6 +112,9 @@ func (c *Cluster) script(args ...string) (string, error) {
 // URL is node i's HTTP URL.
 func (c *Cluster) URL(i int) string { return fmt.Sprintf("http://127.0.0.1:%d", c.base+i) }
 
+// GRPC is node i's gRPC address (cluster.sh's ports: BASE+100+I).
+func (c *Cluster) GRPC(i int) string { return fmt.Sprintf("127.0.0.1:%d", c.base+100+i) }
+
 // Kill kills node i at once (its data stays).
 func (c *Cluster) Kill(i int) {
 	c.t.Helper()

@@ -24,6 +24,9 @@ func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidat
 	if len(terms) == 0 || n <= 0 {
 		return nil, nil
 	}
+	if c.rpc != nil {
+		return c.lexicalGRPC(ctx, terms, n)
+	}
 	cons, err := c.readConsistency(ctx)
 	if err != nil {
 		return nil, err
@@ -38,6 +41,9 @@ func (c *Client) Lexical(ctx context.Context, terms []string, n int) ([]Candidat
 func (c *Client) Nearest(ctx context.Context, v []float32, n int) ([]Candidate, error) {
 	if len(v) == 0 || n <= 0 {
 		return nil, nil
+	}
+	if c.rpc != nil {
+		return c.nearestGRPC(ctx, v, n)
 	}
 	vec, err := json.Marshal(v)
 	if err != nil {
@@ -94,6 +100,9 @@ func (c *Client) byPIDs(ctx context.Context, pids []uint64, fields string) (map[
 	out := make(map[uint64]Object, len(pids))
 	if len(pids) == 0 {
 		return out, nil
+	}
+	if c.rpc != nil {
+		return c.byPIDsGRPC(ctx, pids, strings.Fields(fields))
 	}
 	cons, err := c.readConsistency(ctx)
 	if err != nil {

@@ -93,25 +93,36 @@ func TestCollectionRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, map[uint64]bool{1: true, 3: true, 1 << 63: true}, have)
 
-	lex, err := c.Lexical(ctx, []string{"volcano", "etna"}, 10)
+	// Searches, over GraphQL and over gRPC.
+	g, err := New(Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Passages"})
 	require.NoError(t, err)
-	require.Len(t, lex, 2)
-	assert.Equal(t, uint64(1), lex[0].PID, "matches both terms")
-	assert.Equal(t, []string{"etna", "volcano"}, lex[0].Terms)
-	assert.Empty(t, lex[0].Text, "candidates carry ids and terms only")
+	defer g.Close()
+	for _, s := range []struct {
+		api string
+		c   *Client
+	}{{"graphql", c}, {"grpc", g}} {
+		lex, err := s.c.Lexical(ctx, []string{"volcano", "etna"}, 10)
+		require.NoError(t, err, s.api)
+		require.Len(t, lex, 2, s.api)
+		assert.Equal(t, uint64(1), lex[0].PID, "%s: matches both terms", s.api)
+		assert.Equal(t, []string{"etna", "volcano"}, lex[0].Terms, s.api)
+		assert.Empty(t, lex[0].Text, "%s: candidates carry ids and terms only", s.api)
+		assert.Greater(t, lex[0].Score, lex[1].Score, s.api)
 
-	got, err := c.Fetch(ctx, []uint64{1, 99})
-	require.NoError(t, err)
-	require.Len(t, got, 1, "an unknown passage is absent, not an error")
-	assert.Equal(t, map[string]string{"from": "x"}, got[1].Meta)
-	assert.Equal(t, "Etna is a volcano", got[1].Text)
-	assert.Equal(t, []string{"etna", "volcano"}, got[1].Terms)
+		got, err := s.c.Fetch(ctx, []uint64{1, 99, 1 << 63})
+		require.NoError(t, err, s.api)
+		require.Len(t, got, 2, "%s: an unknown passage is absent, not an error", s.api)
+		want := testObjects()[0]
+		want.Vector = nil
+		assert.Equal(t, want, got[1], s.api)
+		assert.Equal(t, "Chess knights", got[1<<63].Text, s.api)
 
-	near, err := c.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
-	require.NoError(t, err)
-	require.Len(t, near, 2)
-	assert.ElementsMatch(t, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID})
-	assert.InDelta(t, 1, near[0].Score, 0.01)
+		near, err := s.c.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
+		require.NoError(t, err, s.api)
+		require.Len(t, near, 2, s.api)
+		assert.ElementsMatch(t, []uint64{1, 2}, []uint64{near[0].PID, near[1].PID}, s.api)
+		assert.InDelta(t, 1, near[0].Score, 0.01, s.api)
+	}
 
 	st, err := c.DocFreqs(ctx, []string{"volcano", "honei", "absent"}, true)
 	require.NoError(t, err)
@@ -256,6 +267,24 @@ func TestBadInput(t *testing.T) {
 		cfg, err := ParseURL("weaviate+https://:secret@search.example:443/Wiki?timeout=3s")
 		require.NoError(t, err)
 		assert.Equal(t, Config{URL: "https://search.example:443", Collection: "Wiki", APIKey: "secret", Timeout: 3 * time.Second}, cfg)
+		cfg, err = ParseURL("weaviate://search.example:8080/Wiki?grpc=:50051")
+		require.NoError(t, err)
+		assert.Equal(t, "search.example:50051", cfg.GRPC, "the URL's host")
+		cfg, err = ParseURL("weaviate://search.example:8080/Wiki?grpc=grpc.example:443")
+		require.NoError(t, err)
+		assert.Equal(t, "grpc.example:443", cfg.GRPC)
+		for _, g := range []string{"50051", "host", "host:"} {
+			_, err := ParseURL("weaviate://h:8080/Wiki?grpc=" + g)
+			assert.Error(t, err, g)
+		}
+	})
+	t.Run("unreachable gRPC port", func(t *testing.T) {
+		cl := weaviatetest.Start(t, 1)
+		c := grpcClient(t, Config{URL: cl.URL(0), GRPC: "127.0.0.1:1", Collection: "Passages", Timeout: 2 * time.Second})
+		start := time.Now()
+		_, err := c.Lexical(ctx, []string{"a"}, 5)
+		assert.ErrorIs(t, err, ErrUnavailable)
+		assert.Less(t, time.Since(start), 3*time.Second)
 	})
 	t.Run("api key", func(t *testing.T) {
 		cl := weaviatetest.Start(t, 1, "WEAVIATE_API_KEY=right-key")
@@ -267,7 +296,37 @@ func TestBadInput(t *testing.T) {
 		require.NoError(t, err)
 		_, err = right.Count(ctx)
 		assert.ErrorIs(t, err, ErrNoCollection, "the key is accepted; the collection is not there")
+
+		// The same over gRPC, searches' way in: a collection to search
+		// first, then each fault.
+		require.NoError(t, right.EnsureCollection(ctx, Spec{Embedder: "test", Dims: 4}, Layout{}))
+		failed, err := right.Upsert(ctx, testObjects())
+		require.NoError(t, err)
+		require.Empty(t, failed)
+		cfg := Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Passages", APIKey: "right-key"}
+		ok := grpcClient(t, cfg)
+		near, err := ok.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
+		require.NoError(t, err)
+		assert.Len(t, near, 2)
+		_, err = ok.Nearest(ctx, []float32{1, 0, 0}, 2)
+		assert.ErrorIs(t, err, ErrInvalid, "a vector of the wrong dimension")
+		cfg.APIKey = "wrong-key"
+		_, err = grpcClient(t, cfg).Lexical(ctx, []string{"a"}, 5)
+		assert.ErrorIs(t, err, ErrAuth)
+		cfg.APIKey, cfg.Collection = "right-key", "Missing"
+		_, err = grpcClient(t, cfg).Lexical(ctx, []string{"a"}, 5)
+		assert.ErrorIs(t, err, ErrNoCollection)
 	})
+}
+
+// grpcClient is a client for cfg whose replication factor is known, so
+// that its searches go to the gRPC port without asking HTTP first.
+func grpcClient(t *testing.T, cfg Config) *Client {
+	c, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	c.factor = 1
+	return c
 }
 
 func TestObjectID(t *testing.T) {
@@ -301,7 +360,7 @@ func TestClusterSurvivesLosingANode(t *testing.T) {
 		require.Empty(t, failed)
 	}
 
-	query := func() error {
+	search := func(c *Client) error {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		lex, err := c.Lexical(qctx, []string{"w3", "u10"}, 20)
@@ -317,6 +376,19 @@ func TestClusterSurvivesLosingANode(t *testing.T) {
 		}
 		if len(near) == 0 || near[0].Score < 0.999 {
 			return fmt.Errorf("nearest %v, want an exact match first", near)
+		}
+		return nil
+	}
+	// Searches over GraphQL and over gRPC, each through node 0.
+	g, err := New(Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Wiki", Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer g.Close()
+	query := func() error {
+		if err := search(c); err != nil {
+			return fmt.Errorf("graphql: %w", err)
+		}
+		if err := search(g); err != nil {
+			return fmt.Errorf("grpc: %w", err)
 		}
 		return nil
 	}
