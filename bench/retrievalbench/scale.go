@@ -193,24 +193,41 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 			layout.GraphConnections, layout.GraphEfConstruction = o.GraphConnections, o.GraphEfConstruction
 			rateFile := filepath.Join(o.Dir, b+".ingest-per-s")
 			earlier, haveEarlier := readFloat(rateFile)
-			t0 := time.Now()
-			// On reuse this only checks that every passage is there.
-			rep, err := streamSettled(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus, 2*time.Minute)
-			if err == nil && len(rep.Failed) > 0 {
-				err = fmt.Errorf("%d passages refused, the first: %v", len(rep.Failed), rep.Failed[0])
-			}
-			if err != nil {
+			if complete, err := keptComplete(ctx, store, o, haveEarlier, n); err != nil {
 				cl.Stop()
-				return out, fmt.Errorf("%s: ingest: %w", b, err)
-			}
-			ingest = float64(rep.Passages) / time.Since(t0).Seconds()
-			if o.Reuse && haveEarlier && rep.Passages == 0 {
+				return out, fmt.Errorf("%s: %w", b, err)
+			} else if complete {
+				// Streaming again would only check what the count says,
+				// by cutting the whole corpus again (minutes at 10^6).
+				if o.SearchEf > 0 {
+					err = retrySettled(ctx, 2*time.Minute, func() error { return store.SetSearchEf(ctx, o.SearchEf) })
+				}
+				if err != nil {
+					cl.Stop()
+					return out, fmt.Errorf("%s: search ef: %w", b, err)
+				}
 				ingest = earlier
-			} else if err := writeFloat(rateFile, ingest); err != nil {
-				cl.Stop()
-				return out, err
+				o.Log("%s: all %d passages there (counted), not streamed again", b, n)
+			} else {
+				t0 := time.Now()
+				// On reuse this only checks that every passage is there.
+				rep, err := streamSettled(ctx, store, retrieval.StreamOptions{Tokenizer: o.Tokenizer, Embedder: o.Embedder, Batch: 512, Layout: layout}, o.Corpus, 2*time.Minute)
+				if err == nil && len(rep.Failed) > 0 {
+					err = fmt.Errorf("%d passages refused, the first: %v", len(rep.Failed), rep.Failed[0])
+				}
+				if err != nil {
+					cl.Stop()
+					return out, fmt.Errorf("%s: ingest: %w", b, err)
+				}
+				ingest = float64(rep.Passages) / time.Since(t0).Seconds()
+				if o.Reuse && haveEarlier && rep.Passages == 0 {
+					ingest = earlier
+				} else if err := writeFloat(rateFile, ingest); err != nil {
+					cl.Stop()
+					return out, err
+				}
+				o.Log("%s: %d passages ingested (%d there before) at %.0f/s", b, rep.Passages, rep.Present, ingest)
 			}
-			o.Log("%s: %d passages ingested (%d there before) at %.0f/s", b, rep.Passages, rep.Present, ingest)
 			r, err := retrieval.OpenRemote(ctx, store, o.Embedder)
 			if err != nil {
 				cl.Stop()
@@ -322,20 +339,50 @@ func awaitServing(ctx context.Context, store *weaviate.Client, within time.Durat
 	}
 }
 
+// keptComplete says whether a kept collection already holds the whole
+// corpus: a stream ran to its end before (the rate file it leaves), and
+// the collection counts the reference's n passages (ids are passage ids,
+// so none is there twice). A quantizer to turn on needs the stream's
+// schema update.
+func keptComplete(ctx context.Context, store *weaviate.Client, o ScaleOptions, ingestedBefore bool, n int) (bool, error) {
+	if !o.Reuse || !ingestedBefore || o.Quantizer != "" {
+		return false, nil
+	}
+	var count int
+	err := retrySettled(ctx, 2*time.Minute, func() (err error) {
+		count, err = store.Count(ctx)
+		return err
+	})
+	if errors.Is(err, weaviate.ErrNoCollection) {
+		return false, nil
+	}
+	return count == n, err
+}
+
 // streamSettled streams the corpus into store, again while the cluster
 // says it is unavailable (up to within): reads settle first on restarted
 // nodes, and a schema update (a kept collection's new search ef) can
 // still meet the leader's election. Streaming is idempotent.
-func streamSettled(ctx context.Context, store *weaviate.Client, so retrieval.StreamOptions, corpus string, within time.Duration) (retrieval.StreamReport, error) {
+func streamSettled(ctx context.Context, store *weaviate.Client, so retrieval.StreamOptions, corpus string, within time.Duration) (rep retrieval.StreamReport, err error) {
+	err = retrySettled(ctx, within, func() error {
+		rep, err = retrieval.Stream(ctx, store, so, corpus)
+		return err
+	})
+	return rep, err
+}
+
+// retrySettled calls f again while the cluster says it is unavailable
+// (up to within).
+func retrySettled(ctx context.Context, within time.Duration, f func() error) error {
 	deadline := time.Now().Add(within)
 	for {
-		rep, err := retrieval.Stream(ctx, store, so, corpus)
+		err := f()
 		if !errors.Is(err, weaviate.ErrUnavailable) || time.Now().After(deadline) {
-			return rep, err
+			return err
 		}
 		select {
 		case <-ctx.Done():
-			return rep, ctx.Err()
+			return ctx.Err()
 		case <-time.After(time.Second):
 		}
 	}
