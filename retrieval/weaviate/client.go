@@ -291,9 +291,15 @@ func (c *Client) replicationFactor(ctx context.Context) (int, error) {
 	return c.factor, nil
 }
 
-// Ready reports whether the node answers and is ready.
+// Ready reports whether the node answers and is ready, and, when searches
+// take the gRPC port, whether that answers a search too (a wrong port
+// would otherwise fail every query of a cloud that says it is ready).
 func (c *Client) Ready(ctx context.Context) error {
-	return c.do(ctx, http.MethodGet, "/v1/.well-known/ready", nil, nil)
+	if err := c.do(ctx, http.MethodGet, "/v1/.well-known/ready", nil, nil); err != nil || c.rpc == nil {
+		return err
+	}
+	_, err := c.search(ctx, &pb.SearchRequest{Limit: 1, Properties: &pb.PropertiesRequest{NonRefProperties: []string{"pid"}}})
+	return err
 }
 
 // unknownClass is GraphQL's answer for a class the engine does not have.

@@ -285,6 +285,7 @@ func TestBadInput(t *testing.T) {
 		_, err := c.Lexical(ctx, []string{"a"}, 5)
 		assert.ErrorIs(t, err, ErrUnavailable)
 		assert.Less(t, time.Since(start), 3*time.Second)
+		assert.ErrorIs(t, c.Ready(ctx), ErrUnavailable, "HTTP answers, the search port does not")
 	})
 	t.Run("api key", func(t *testing.T) {
 		cl := weaviatetest.Start(t, 1, "WEAVIATE_API_KEY=right-key")
@@ -305,6 +306,7 @@ func TestBadInput(t *testing.T) {
 		require.Empty(t, failed)
 		cfg := Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Passages", APIKey: "right-key"}
 		ok := grpcClient(t, cfg)
+		require.NoError(t, ok.Ready(ctx), "HTTP and the search port answer")
 		near, err := ok.Nearest(ctx, unitVec(0.95, 0.05, 0, 0), 2)
 		require.NoError(t, err)
 		assert.Len(t, near, 2)
