@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -128,32 +127,25 @@ func (c *Client) grpcCandidates(rs []*pb.SearchResult, score func(*pb.MetadataRe
 	return out, nil
 }
 
-func (c *Client) byPIDsGRPC(ctx context.Context, pids []uint64, fields []string) (map[uint64]Object, error) {
-	ids := make([]string, len(pids))
-	for i, p := range pids {
-		ids[i] = strconv.FormatUint(p, 16)
-	}
+// byPIDsGRPC is byPIDs's request over gRPC.
+func (c *Client) byPIDsGRPC(ctx context.Context, pids []uint64, fields []string) ([]wireProps, error) {
 	rs, err := c.search(ctx, &pb.SearchRequest{
 		Limit: uint32(len(pids)),
 		Filters: &pb.Filters{
 			Operator:  pb.Filters_OPERATOR_CONTAINS_ANY,
 			Target:    &pb.FilterTarget{Target: &pb.FilterTarget_Property{Property: "pid"}},
-			TestValue: &pb.Filters_ValueTextArray{ValueTextArray: &pb.TextArray{Values: ids}},
+			TestValue: &pb.Filters_ValueTextArray{ValueTextArray: &pb.TextArray{Values: pidTexts(pids)}},
 		},
 		Properties: &pb.PropertiesRequest{NonRefProperties: fields},
 	})
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[uint64]Object, len(rs))
-	for _, r := range rs {
-		o, err := grpcProps(r).object(c.cfg.Collection)
-		if err != nil {
-			return nil, err
-		}
-		out[o.PID] = o
+	rows := make([]wireProps, len(rs))
+	for i, r := range rs {
+		rows[i] = grpcProps(r)
 	}
-	return out, nil
+	return rows, nil
 }
 
 // grpcProps reads a result's properties into the GraphQL path's shape.

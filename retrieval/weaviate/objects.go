@@ -187,13 +187,9 @@ func (c *Client) DeleteStale(ctx context.Context, file string, messages bool, ke
 	}
 	where := map[string]any{"operator": "Or", "operands": of}
 	if len(keep) > 0 {
-		ids := make([]string, len(keep))
-		for i, p := range keep {
-			ids[i] = strconv.FormatUint(p, 16)
-		}
 		where = map[string]any{"operator": "And", "operands": []map[string]any{
 			where,
-			{"path": []string{"pid"}, "operator": "ContainsNone", "valueTextArray": ids},
+			{"path": []string{"pid"}, "operator": "ContainsNone", "valueTextArray": pidTexts(keep)},
 		}}
 	}
 	return c.deleteWhere(ctx, where)

@@ -101,22 +101,28 @@ func (c *Client) byPIDs(ctx context.Context, pids []uint64, fields string) (map[
 	if len(pids) == 0 {
 		return out, nil
 	}
+	var rows []wireProps
 	if c.rpc != nil {
-		return c.byPIDsGRPC(ctx, pids, strings.Fields(fields))
+		var err error
+		if rows, err = c.byPIDsGRPC(ctx, pids, strings.Fields(fields)); err != nil {
+			return nil, err
+		}
+	} else {
+		cons, err := c.readConsistency(ctx)
+		if err != nil {
+			return nil, err
+		}
+		q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { %s } } }`,
+			c.cfg.Collection, pidList(pids), len(pids), cons, fields)
+		var data struct {
+			Get map[string][]wireProps
+		}
+		if err := c.graphQL(ctx, q, &data); err != nil {
+			return nil, err
+		}
+		rows = data.Get[c.cfg.Collection]
 	}
-	cons, err := c.readConsistency(ctx)
-	if err != nil {
-		return nil, err
-	}
-	q := fmt.Sprintf(`{ Get { %s(where: {path: ["pid"], operator: ContainsAny, valueText: [%s]}, limit: %d%s) { %s } } }`,
-		c.cfg.Collection, pidList(pids), len(pids), cons, fields)
-	var data struct {
-		Get map[string][]wireProps
-	}
-	if err := c.graphQL(ctx, q, &data); err != nil {
-		return nil, err
-	}
-	for _, r := range data.Get[c.cfg.Collection] {
+	for _, r := range rows {
 		o, err := r.object(c.cfg.Collection)
 		if err != nil {
 			return nil, err
@@ -153,11 +159,20 @@ func (r wireProps) object(collection string) (Object, error) {
 	return o, nil
 }
 
-// pidList is pids as a GraphQL list of the pid property's strings.
-func pidList(pids []uint64) string {
+// pidTexts is pids as the pid property's strings.
+func pidTexts(pids []uint64) []string {
 	ids := make([]string, len(pids))
 	for i, p := range pids {
-		ids[i] = strconv.Quote(strconv.FormatUint(p, 16))
+		ids[i] = strconv.FormatUint(p, 16)
+	}
+	return ids
+}
+
+// pidList is pids as a GraphQL list of the pid property's strings.
+func pidList(pids []uint64) string {
+	ids := pidTexts(pids)
+	for i, id := range ids {
+		ids[i] = strconv.Quote(id)
 	}
 	return strings.Join(ids, ",")
 }
