@@ -77,13 +77,14 @@ wiki:
 	@scripts/fetch-wiki.sh $(CORPUS)
 
 # Weaviate, the cloud's scale-out retrieval backend, built from the Go
-# module proxy (about 4 minutes on 2 cores, once); deploy/weaviate/cluster.sh
-# starts nodes of it on loopback.
+# module proxy's source with our fix of its BlockMax WAND
+# (scripts/weaviate-blockmax.patch; about 4 minutes on 2 cores, once, and
+# again when the patch changes); deploy/weaviate/cluster.sh starts nodes of
+# it on loopback.
 WEAVIATE_VERSION := v1.35.2
-WEAVIATE_BIN := $(BUILD)/weaviate/weaviate-server
-weaviate: $(WEAVIATE_BIN)
-$(WEAVIATE_BIN):
-	GOBIN=$(BUILD)/weaviate $(GO) install github.com/weaviate/weaviate/cmd/weaviate-server@$(WEAVIATE_VERSION)
+weaviate: $(BUILD)/weaviate/BUILD
+$(BUILD)/weaviate/BUILD: scripts/build-weaviate.sh scripts/weaviate-blockmax.patch
+	@scripts/build-weaviate.sh $(WEAVIATE_VERSION) $(BUILD)/weaviate
 
 build: deps
 	$(GO) build -o bin/dragon ./cmd/dragon

@@ -89,6 +89,22 @@ func TestRemoteMatchesBleve(t *testing.T) {
 		}
 	}
 
+	// The passages were searched in the node's memtables so far; a node
+	// stopped writes them out as segments, searched through the blocks'
+	// recorded bounds (BlockMax WAND; scripts/weaviate-blockmax.patch).
+	cl.Stop(0)
+	cl.Restart(0)
+	grpcStore, err := weaviate.New(weaviate.Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Sotu"})
+	require.NoError(t, err)
+	defer grpcStore.Close()
+	flushed := remoteMatchesLocal(t, ix, grpcStore, emb, key)
+	for i, q := range remoteQueries {
+		require.Len(t, flushed[i], len(hybrid["grpc"][i]), q)
+		for j, h := range flushed[i] {
+			assert.Equal(t, key(hybrid["grpc"][i][j]), key(h), "%q rank %d, from segments", q, j+1)
+		}
+	}
+
 	// A store without the embedder's vectors is refused for dense search.
 	_, err = OpenRemote(t.Context(), store, NewEngineEmbedder(fakeModel(), EngineEmbedderOptions{}))
 	assert.ErrorIs(t, err, ErrEmbedder)

@@ -47,6 +47,9 @@ type retrievalReport struct {
 	ScaleGraphEfConstruction int `json:"scale_graph_ef_construction,omitempty"`
 	// ScaleAPI is --scale-api: how the engine is asked (grpc or graphql).
 	ScaleAPI string `json:"scale_api,omitempty"`
+	// ScaleBM25 is --scale-bm25: the engine's BM25 searcher (blockmax or
+	// exhaustive).
+	ScaleBM25 string `json:"scale_bm25,omitempty"`
 	// ScaleWarmup is --warmup: unmeasured questions asked of each backend
 	// before the measured ones.
 	ScaleWarmup int                                             `json:"scale_warmup_queries,omitempty"`
@@ -66,7 +69,7 @@ func newBenchRetrievalCmd() *cobra.Command {
 		script                             string
 		queries, warmup                    int
 		scaleMode, scaleVectors, quantizer string
-		scaleAPI                           string
+		scaleAPI, scaleBM25                string
 		replicas, searchEf                 int
 		graphM, graphEfc                   int
 		keep                               string
@@ -181,6 +184,9 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 				if scaleAPI != "grpc" && scaleAPI != "graphql" {
 					return fmt.Errorf("--scale-api %q: want grpc or graphql", scaleAPI)
 				}
+				if scaleBM25 != "blockmax" && scaleBM25 != "exhaustive" {
+					return fmt.Errorf("--scale-bm25 %q: want blockmax or exhaustive", scaleBM25)
+				}
 				mode, err := retrieval.ParseMode(scaleMode)
 				if err != nil {
 					return err
@@ -190,10 +196,11 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					return err
 				}
 				defer closeV()
-				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup, rep.ScaleAPI = scaleVectors, replicas, searchEf, quantizer, len(ws), scaleAPI
+				rep.ScaleVectors, rep.ScaleReplicas, rep.ScaleSearchEf, rep.ScaleQuantizer, rep.ScaleWarmup, rep.ScaleAPI, rep.ScaleBM25 = scaleVectors, replicas, searchEf, quantizer, len(ws), scaleAPI, scaleBM25
 				rep.ScaleGraphConnections, rep.ScaleGraphEfConstruction = graphM, graphEfc
 				base := retrievalbench.ScaleOptions{Tokenizer: m, Embedder: vectors, Queries: qs, Warmup: ws, Mode: mode, Backends: backends, Replicas: replicas, SearchEf: searchEf, Quantizer: quantizer, GraphConnections: graphM, GraphEfConstruction: graphEfc, GraphQL: scaleAPI == "graphql", Log: logf}
-				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, cmp.Or(keep, scratch), keep != ""); err != nil {
+				env := []string{"WEAVIATE_BM25=" + scaleBM25}
+				if rep.Scale, err = benchScale(ctx, m, passages, sizes, base, script, env, cmp.Or(keep, scratch), keep != ""); err != nil {
 					return err
 				}
 			}
@@ -228,6 +235,7 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.IntVar(&searchEf, "scale-search-ef", 0, "scale run: the engine collection's query-time HNSW candidate list (0: the collection's, 256 when new); may change on a kept collection")
 	f.IntVar(&replicas, "scale-replicas", 0, "scale run: copies of each engine shard (0: 2, or 1 for one node); 1 halves the ingest on a small machine, a query reads one copy either way")
 	f.StringVar(&scaleAPI, "scale-api", "grpc", "scale run: how searches reach the engine: grpc (its binary search API) or graphql")
+	f.StringVar(&scaleBM25, "scale-bm25", "blockmax", "scale run: the engine's BM25 searcher: blockmax (BlockMax WAND, skipping blocks that cannot reach the top k) or exhaustive (every posting of every query term), on the same collection")
 	f.StringVar(&scaleVectors, "scale-vectors", "words", "scale run vectors: words (each passage the mean of its words' MiniLM vectors) or random (unit vectors, the worst case for a graph index)")
 	return cmd
 }
@@ -297,7 +305,7 @@ func scaleEmbedder(ctx context.Context, kind string, m engine.Model, real []stri
 // benchScale runs the scale measurement of base (its tokenizer, vectors,
 // queries, mode, backends, replicas and log) on a synthetic corpus of each
 // size, kept under scratch when reuse is set.
-func benchScale(ctx context.Context, m engine.Model, real []string, sizes []int, base retrievalbench.ScaleOptions, script, scratch string, reuse bool) (map[string]map[string]retrievalbench.ScalePoint, error) {
+func benchScale(ctx context.Context, m engine.Model, real []string, sizes []int, base retrievalbench.ScaleOptions, script string, env []string, scratch string, reuse bool) (map[string]map[string]retrievalbench.ScalePoint, error) {
 	logf, vectors := base.Log, base.Embedder
 	model, err := retrievalbench.LearnText(real)
 	if err != nil {
@@ -340,7 +348,7 @@ func benchScale(ctx context.Context, m engine.Model, real []string, sizes []int,
 			if o.GraphConnections > 0 || o.GraphEfConstruction > 0 {
 				data += fmt.Sprintf("-m%d-efc%d", o.GraphConnections, o.GraphEfConstruction)
 			}
-			return retrievalbench.StartScriptCluster(script, filepath.Join(dir, data), nodes, 21000+1000*nodes, nil)
+			return retrievalbench.StartScriptCluster(script, filepath.Join(dir, data), nodes, 21000+1000*nodes, env)
 		}
 		res, err := retrievalbench.Scale(ctx, o)
 		if err != nil {

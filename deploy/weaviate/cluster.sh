@@ -3,7 +3,9 @@
 # local scale-out cloud (docs/DESIGN-NOTES.md, Retrieval):
 #   cluster.sh start DIR N [BASE]  start N nodes (data under DIR/node-I),
 #                                  wait until all are ready, print the URL
-#   cluster.sh stop DIR            stop every node of DIR (SIGTERM, then KILL)
+#   cluster.sh stop DIR [I]        stop every node of DIR, or node I (SIGTERM,
+#                                  then KILL; a node stopped so writes its
+#                                  memtables out first)
 #   cluster.sh kill DIR I          kill node I at once (SIGKILL), data kept
 #   cluster.sh restart DIR I       start node I again on its old data
 #   cluster.sh urls DIR            print each node's HTTP URL
@@ -14,13 +16,22 @@
 # weaviate). With $WEAVIATE_API_KEY set the nodes require that key. With
 # $WATCH_PID set each node is stopped once that process is gone (a test
 # binary killed by its timeout leaves no node behind).
-# BM25: Weaviate 1.35's BlockMax WAND returned a wrong top k here, so it
-# runs with the exhaustive searcher (USE_BLOCKMAX_WAND=false).
+# BM25 runs on BlockMax WAND over the block format, which a collection
+# takes when it is created. It needs the binary make weaviate builds:
+# upstream's 1.35.2 returns a wrong top k with it
+# (scripts/weaviate-blockmax.patch). WEAVIATE_BM25=exhaustive scores every
+# posting instead, on the same files, to compare the two.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${WEAVIATE_BIN:-$root/build/weaviate/weaviate-server}
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+case ${WEAVIATE_BM25:-blockmax} in
+  blockmax) blockmax=true ;;
+  exhaustive) blockmax=false ;;
+  *) echo "error: WEAVIATE_BM25 is blockmax or exhaustive, not ${WEAVIATE_BM25}" >&2; exit 2 ;;
+esac
 
 port() { # port DIR I KIND
   local base i=$2
@@ -52,7 +63,7 @@ start_node() { # start_node DIR I
   env -i PATH="$PATH" HOME="${HOME:-/tmp}" "${auth[@]}" \
     PERSISTENCE_DATA_PATH="$dir/node-$i" \
     DEFAULT_VECTORIZER_MODULE=none ENABLE_MODULES= DISABLE_TELEMETRY=true \
-    USE_BLOCKMAX_WAND=false USE_INVERTED_SEARCHABLE=false \
+    USE_BLOCKMAX_WAND="$blockmax" USE_INVERTED_SEARCHABLE=true \
     QUERY_MAXIMUM_RESULTS=100000 LOG_LEVEL=warning \
     GRPC_PORT="$(port "$dir" "$i" grpc)" GO_PROFILING_PORT="$(port "$dir" "$i" pprof)" \
     CLUSTER_HOSTNAME="node-$i" CLUSTER_IN_LOCALHOST=true CLUSTER_BIND_ADDR=127.0.0.1 CLUSTER_ADVERTISE_ADDR=127.0.0.1 \
@@ -137,6 +148,7 @@ case $cmd in
     ;;
   stop)
     [ -f "$dir/nodes" ] || exit 0
+    if [ -n "${3:-}" ]; then stop_node "$dir" "$3" TERM; exit 0; fi
     for ((i = 0; i < $(cat "$dir/nodes"); i++)); do stop_node "$dir" "$i" TERM; done
     ;;
   kill) stop_node "$dir" "${3:?node}" KILL ;;

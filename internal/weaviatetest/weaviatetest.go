@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -129,4 +130,23 @@ func (c *Cluster) Restart(i int) {
 	if out, err := c.script("restart", strconv.Itoa(i)); err != nil {
 		c.t.Fatalf("restart node %d: %v\n%s", i, err, out)
 	}
+}
+
+// Stop stops node i the way an operator does (SIGTERM): it writes its
+// memtables out as segments before it exits.
+func (c *Cluster) Stop(i int) {
+	c.t.Helper()
+	if out, err := c.script("stop", strconv.Itoa(i)); err != nil {
+		c.t.Fatalf("stop node %d: %v\n%s", i, err, out)
+	}
+}
+
+// RestartWith starts node i again on its data with env added to the
+// cluster's (WEAVIATE_BM25=exhaustive), and waits until it is ready.
+func (c *Cluster) RestartWith(i int, env ...string) {
+	c.t.Helper()
+	saved := c.env
+	c.env = append(slices.Clone(c.env), env...)
+	defer func() { c.env = saved }()
+	c.Restart(i)
 }
