@@ -921,6 +921,13 @@ func checkStatefulSet(t *testing.T, m *manifests, ss *appsv1.StatefulSet) {
 		for _, e := range ctr.Env {
 			env[e.Name] = e.Value
 		}
+		// Upstream's 1.35.2 drops passages of the true BM25 top k with
+		// BlockMax WAND (its default); only our build has the fix
+		// (scripts/weaviate-blockmax.patch, the Dockerfile's weaviate
+		// target).
+		if strings.Contains(ctr.Image, "semitechnologies/weaviate") && env["USE_BLOCKMAX_WAND"] != "false" {
+			t.Errorf("%s: upstream's image %s with BlockMax WAND (USE_BLOCKMAX_WAND %q): its BM25 top k is wrong; use the Dockerfile's weaviate target or set it to false", cid, ctr.Image, env["USE_BLOCKMAX_WAND"])
+		}
 		if v, ok := env["RAFT_BOOTSTRAP_EXPECT"]; ok && v != strconv.Itoa(replicas) {
 			t.Errorf("%s: RAFT_BOOTSTRAP_EXPECT %s with %d replicas: Raft never elects a leader", cid, v, replicas)
 		}
