@@ -17,7 +17,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 patch=$root/scripts/weaviate-blockmax.patch
 mod=github.com/weaviate/weaviate
 
-dir=$(cd /tmp && GOFLAGS=-mod=mod go mod download -json "$mod@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+for tool in go patch sha256sum; do
+  command -v "$tool" >/dev/null || { echo "error: $tool is needed to build Weaviate" >&2; exit 1; }
+done
+# Outside any module, so that no go.mod around decides what is fetched.
+empty=$(mktemp -d)
+trap 'rmdir "$empty"' EXIT
+dir=$(cd "$empty" && go mod download -json "$mod@$version" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 [ -d "$dir" ] || { echo "error: go mod download gave no source for $mod@$version" >&2; exit 1; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -25,7 +31,9 @@ src=$out/src
 rm -rf "$src" "$src.part"
 cp -R "$dir" "$src.part"
 chmod -R u+w "$src.part"
-patch -s -p1 -d "$src.part" <"$patch"
+# patch refuses a source whose lines differ from the patch's context.
+patch -d "$src.part" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$patch" ||
+  { echo "error: $patch does not apply to $mod@$version" >&2; exit 1; }
 mv "$src.part" "$src"
 echo "building weaviate-server $version with $(basename "$patch") (a few minutes)..."
 (cd "$src" && go build -trimpath -o "$out/weaviate-server.part" ./cmd/weaviate-server)
