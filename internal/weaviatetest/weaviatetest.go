@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -139,14 +138,4 @@ func (c *Cluster) Stop(i int) {
 	if out, err := c.script("stop", strconv.Itoa(i)); err != nil {
 		c.t.Fatalf("stop node %d: %v\n%s", i, err, out)
 	}
-}
-
-// RestartWith starts node i again on its data with env added to the
-// cluster's (WEAVIATE_BM25=exhaustive), and waits until it is ready.
-func (c *Cluster) RestartWith(i int, env ...string) {
-	c.t.Helper()
-	saved := c.env
-	c.env = append(slices.Clone(c.env), env...)
-	defer func() { c.env = saved }()
-	c.Restart(i)
 }
