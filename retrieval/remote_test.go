@@ -91,7 +91,7 @@ func TestRemoteMatchesBleve(t *testing.T) {
 
 	// The passages were searched in the node's memtables so far; a node
 	// stopped writes them out as segments, searched through the blocks'
-	// recorded bounds (BlockMax WAND; scripts/weaviate-blockmax.patch).
+	// recorded bounds (BlockMax WAND: releases before 1.38.3 got them wrong).
 	cl.Stop(0)
 	cl.Restart(0)
 	grpcStore, err := weaviate.New(weaviate.Config{URL: cl.URL(0), GRPC: cl.GRPC(0), Collection: "Sotu"})

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -921,12 +922,13 @@ func checkStatefulSet(t *testing.T, m *manifests, ss *appsv1.StatefulSet) {
 		for _, e := range ctr.Env {
 			env[e.Name] = e.Value
 		}
-		// Upstream's 1.35.2 drops passages of the true BM25 top k with
-		// BlockMax WAND (its default); only our build has the fix
-		// (scripts/weaviate-blockmax.patch, the Dockerfile's weaviate
-		// target).
-		if strings.Contains(ctr.Image, "semitechnologies/weaviate") && env["USE_BLOCKMAX_WAND"] != "false" {
-			t.Errorf("%s: upstream's image %s with BlockMax WAND (USE_BLOCKMAX_WAND %q): its BM25 top k is wrong; use the Dockerfile's weaviate target or set it to false", cid, ctr.Image, env["USE_BLOCKMAX_WAND"])
+		// The engine deployed is the one the tests run; releases before
+		// 1.38.3 also drop passages of the true BM25 top k with BlockMax
+		// WAND, which the StatefulSet turns on.
+		if repo, tag, ok := strings.Cut(ctr.Image, ":"); ok && strings.HasSuffix(repo, "semitechnologies/weaviate") {
+			if want := testedWeaviateVersion(t); "v"+tag != want {
+				t.Errorf("%s: image %s, but the tests run Weaviate %s (Makefile WEAVIATE_VERSION): deploy the version tested", cid, ctr.Image, want)
+			}
 		}
 		if v, ok := env["RAFT_BOOTSTRAP_EXPECT"]; ok && v != strconv.Itoa(replicas) {
 			t.Errorf("%s: RAFT_BOOTSTRAP_EXPECT %s with %d replicas: Raft never elects a leader", cid, v, replicas)
@@ -944,4 +946,19 @@ func checkStatefulSet(t *testing.T, m *manifests, ss *appsv1.StatefulSet) {
 	if ss.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
 		t.Errorf("%s: podManagementPolicy %q: nodes must start together (none is ready until Raft has its voters)", id, ss.Spec.PodManagementPolicy)
 	}
+}
+
+// testedWeaviateVersion is the Makefile's WEAVIATE_VERSION: the release
+// make weaviate builds and the tests start.
+func testedWeaviateVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoDir, "Makefile"))
+	if err != nil {
+		t.Fatalf("reading the Makefile: %v", err)
+	}
+	m := regexp.MustCompile(`(?m)^WEAVIATE_VERSION := (v\S+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("the Makefile sets no WEAVIATE_VERSION")
+	}
+	return string(m[1])
 }

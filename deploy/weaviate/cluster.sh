@@ -17,10 +17,9 @@
 # $WATCH_PID set each node is stopped once that process is gone (a test
 # binary killed by its timeout leaves no node behind).
 # BM25 runs on BlockMax WAND over the block format, which a collection
-# takes when it is created. It needs the binary make weaviate builds:
-# upstream's 1.35.2 returns a wrong top k with it
-# (scripts/weaviate-blockmax.patch). WEAVIATE_BM25=exhaustive scores every
-# posting instead, on the same files, to compare the two.
+# takes when it is created; releases before 1.38.3 return a wrong top k
+# with it (make weaviate builds a later one). WEAVIATE_BM25=exhaustive
+# scores every posting instead, on the same files, to compare the two.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${WEAVIATE_BIN:-$root/build/weaviate/weaviate-server}
