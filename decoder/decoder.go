@@ -160,6 +160,9 @@ type Decoder struct {
 
 	batch  engine.Batch
 	logits []float32
+	// unused are the ids the model's tokenizer marks unused, masked out of
+	// every distribution.
+	unused []engine.Token
 	mixes  [][]float32
 
 	drafter *specdec.Drafter
@@ -231,7 +234,7 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 			return nil, fmt.Errorf("decoder: %w", err)
 		}
 	}
-	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches}
+	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches, unused: m.Info().Unused}
 	d.logits = make([]float32, d.vocab)
 	d.next = make([]float32, d.vocab)
 	d.acc = specdec.NewAcceptance(0.5)
@@ -669,6 +672,10 @@ func (d *Decoder) mixOrdered() error {
 		if len(logits) == 0 {
 			return fmt.Errorf("decoder: internal error: no distribution for sequence %d", s)
 		}
+		if len(d.unused) > 0 {
+			// Cached logits are shared with other decoders: mask a copy.
+			logits = d.maskUnused(append(d.logits[:0], logits...))
+		}
 		if _, err := vecmath.SoftmaxMix(d.mixes[0], logits, d.w[s]); err != nil {
 			return fmt.Errorf("decoder: passage %d: %w", s, err)
 		}
@@ -683,10 +690,22 @@ func (d *Decoder) mixRow(row, out, seq int) error {
 	if err != nil {
 		return err
 	}
-	if _, err := vecmath.SoftmaxMix(d.mixes[out], logits, d.w[seq]); err != nil {
+	if _, err := vecmath.SoftmaxMix(d.mixes[out], d.maskUnused(logits), d.w[seq]); err != nil {
 		return fmt.Errorf("decoder: passage %d: %w", seq, err)
 	}
 	return nil
+}
+
+// maskUnused sets the logits of the ids the tokenizer marks unused (the
+// padding rows of Qwen2.5's output matrix) to -Inf, so that no side's
+// distribution, and so no mixture, gives them mass.
+func (d *Decoder) maskUnused(logits []float32) []float32 {
+	for _, t := range d.unused {
+		if int(t) < len(logits) {
+			logits[t] = float32(math.Inf(-1))
+		}
+	}
+	return logits
 }
 
 // maxSeqs is llama.cpp's limit on the sequences of one context.

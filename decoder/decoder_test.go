@@ -82,6 +82,41 @@ func TestMixtureEqualsHandComputed(t *testing.T) {
 	assert.Equal(t, 3, d.Seqs())
 }
 
+// TestUnusedIdsAreMasked: ids the tokenizer marks unused get no mass,
+// and the rest is each passage's softmax over the ids left, mixed.
+func TestUnusedIdsAreMasked(t *testing.T) {
+	unused := []engine.Token{250, 260, 299}
+	m, d := newFakeWith(t, fake.Config{Seed: 3, Vocab: 300, Unused: unused}, Options{})
+	ctx := context.Background()
+	require.NoError(t, d.Begin(ctx, "What happens at dusk?", threePassages, nil))
+	got, err := d.Next(ctx)
+	require.NoError(t, err)
+
+	z := math.Exp(2.0) + math.Exp(0.5) + math.Exp(-1.0)
+	w := []float64{math.Exp(2.0) / z, math.Exp(0.5) / z, math.Exp(-1.0) / z}
+	want := make([]float64, 300)
+	for s := range threePassages {
+		logits := m.Distribution(d.Prompt(s))
+		for _, u := range unused {
+			require.Positive(t, softmax64(logits)[u], "the unmasked model gives id %d mass", u)
+			logits[u] = float32(math.Inf(-1))
+		}
+		p := softmax64(logits)
+		for i := range want {
+			want[i] += w[s] * p[i]
+		}
+	}
+	for _, u := range unused {
+		assert.Zero(t, got[u], "id %d", u)
+	}
+	var sum float64
+	for i := range want {
+		assert.InDelta(t, want[i], float64(got[i]), 1e-6+1e-5*want[i], "token %d", i)
+		sum += float64(got[i])
+	}
+	assert.InDelta(t, 1, sum, 1e-5)
+}
+
 func TestOnePassageIsPlainDecoding(t *testing.T) {
 	m, d := newFake(t, Options{})
 	ctx := context.Background()

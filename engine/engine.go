@@ -57,10 +57,15 @@ type ModelInfo struct {
 	VocabSize int
 	EmbedDim  int
 	TrainCtx  int
-	// Fingerprint identifies tokenizer and vocabulary (and architecture):
+	// Fingerprint identifies the tokenizer and vocabulary (tokens, merges,
+	// special ids; not the weights, shapes or architecture):
 	// two models with the same fingerprint produce distributions over the
 	// same token ids, so their next-token distributions can be mixed.
 	Fingerprint string
+	// Unused are the token ids the tokenizer marks unused: padding rows of
+	// the output matrix (Qwen2.5's 151665-151935), which the decoder masks
+	// so that no side ever emits one.
+	Unused []Token
 	// Pooling is how an embedding model's metadata says to pool its token
 	// states into one vector of a text: "mean", "cls" or "last"; empty
 	// for a generative model.

@@ -63,7 +63,12 @@ func pair(t *testing.T, latency time.Duration) (dragonv1.DeviceServiceClient, *a
 // address the device dials.
 func pairWith(t *testing.T, latency time.Duration, cloudArgs, deviceArgs []string, link func(cloudAddr string) string) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
 	model := testmodel.Path(t)
-	cld := startDaemon(t, "cloud", append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+	return pairOfModels(t, latency, model, model, cloudArgs, deviceArgs, link)
+}
+
+// pairOfModels is pairWith with each side's model file.
+func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel string, cloudArgs, deviceArgs []string, link func(cloudAddr string) string) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
+	cld := startDaemon(t, "cloud", append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", cloudModel, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "cloud"), "--profile", ""}, cloudArgs...)...)
 	cloudAddr := cld.Addr
 	if latency > 0 {
@@ -83,7 +88,7 @@ func pairWith(t *testing.T, latency time.Duration, cloudArgs, deviceArgs []strin
 	if link != nil {
 		cloudAddr = link(cloudAddr)
 	}
-	dev := startDaemon(t, "device", append([]string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+	dev := startDaemon(t, "device", append([]string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", deviceModel, "--threads", "1",
 		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", ""}, deviceArgs...)...)
 	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)

@@ -54,6 +54,8 @@ type Config struct {
 	Latency     time.Duration
 	CallLatency time.Duration
 	Name        string
+	// Unused are ids the tokenizer marks unused (ModelInfo.Unused).
+	Unused []engine.Token
 }
 
 func (c Config) withDefaults() Config {
@@ -92,6 +94,7 @@ func (m *Model) Info() engine.ModelInfo {
 		Path: "fake:" + m.cfg.Name, Arch: "fake", Name: m.cfg.Name,
 		VocabSize: m.cfg.Vocab, EmbedDim: 16, TrainCtx: 1 << 16,
 		Fingerprint: fmt.Sprintf("fake-bytes-v1/vocab=%d", m.cfg.Vocab),
+		Unused:      m.cfg.Unused,
 	}
 }
 

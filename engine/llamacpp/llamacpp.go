@@ -44,6 +44,7 @@ import (
 	"unsafe"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/gguf"
 )
 
 var backendOnce sync.Once
@@ -134,13 +135,18 @@ func Load(path string, opts Options) (*Model, error) {
 	m.pieces = make([][]byte, n)
 	m.eog = make([]bool, n)
 	fp := sha256.New()
+	var unused []engine.Token
 	for i := range n {
 		m.pieces[i] = m.tokenPiece(C.llama_token(i))
 		m.eog[i] = bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(i)))
 		text := C.GoString(C.llama_vocab_get_text(m.vocab, C.llama_token(i)))
+		attr := C.llama_vocab_get_attr(m.vocab, C.llama_token(i))
+		if attr&C.LLAMA_TOKEN_ATTR_UNUSED != 0 {
+			unused = append(unused, engine.Token(i))
+		}
 		var hdr [8]byte
 		binary.LittleEndian.PutUint32(hdr[:4], uint32(len(text)))
-		binary.LittleEndian.PutUint32(hdr[4:], uint32(C.llama_vocab_get_attr(m.vocab, C.llama_token(i))))
+		binary.LittleEndian.PutUint32(hdr[4:], uint32(attr))
 		fp.Write(hdr[:])
 		fp.Write([]byte(text))
 	}
@@ -148,8 +154,16 @@ func Load(path string, opts Options) (*Model, error) {
 		m.tmpl = C.GoString(t)
 	}
 	arch := m.meta("general.architecture")
-	fmt.Fprintf(fp, "arch=%s type=%d bos=%d eos=%d", arch, C.llama_vocab_type(m.vocab),
-		C.llama_vocab_bos(m.vocab), C.llama_vocab_eos(m.vocab))
+	// The GGUF's tokenizer keys (merges, special ids) beside what llama.cpp
+	// made of them: models of one family with different weights, shapes or
+	// architectures mix, any difference in tokenization refuses.
+	tokHash, err := gguf.TokenizerHash(path)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("%w: %w", engine.ErrBadModel, err)
+	}
+	fmt.Fprintf(fp, "tokenizer=%s type=%d bos=%d eos=%d eot=%d", tokHash, C.llama_vocab_type(m.vocab),
+		C.llama_vocab_bos(m.vocab), C.llama_vocab_eos(m.vocab), C.llama_vocab_eot(m.vocab))
 	m.info = engine.ModelInfo{
 		Path:        path,
 		Arch:        arch,
@@ -157,7 +171,8 @@ func Load(path string, opts Options) (*Model, error) {
 		VocabSize:   n,
 		EmbedDim:    int(C.llama_model_n_embd(cm)),
 		TrainCtx:    int(C.llama_model_n_ctx_train(cm)),
-		Fingerprint: arch + "/" + hex.EncodeToString(fp.Sum(nil))[:32],
+		Fingerprint: "vocab/" + hex.EncodeToString(fp.Sum(nil))[:32],
+		Unused:      unused,
 		Pooling:     poolingName(m.meta(arch + ".pooling_type")),
 		// llama.cpp's key; causal unless the model says otherwise.
 		Bidirectional: m.meta(arch+".attention.causal") == "false",

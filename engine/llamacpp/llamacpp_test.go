@@ -460,7 +460,7 @@ func TestFingerprintStable(t *testing.T) {
 	require.NoError(t, err)
 	defer other.Close()
 	assert.Equal(t, m.Info().Fingerprint, other.Info().Fingerprint)
-	assert.True(t, strings.HasPrefix(m.Info().Fingerprint, "llama/"))
+	assert.True(t, strings.HasPrefix(m.Info().Fingerprint, "vocab/"))
 }
 
 // TestUnifiedLayoutsKeepLogitsClose: in a unified buffer a sequence's

@@ -27,6 +27,30 @@ func Path(t testing.TB) string {
 	return mustExist(t, p, "default model", "model")
 }
 
+// QwenDevicePath is DRAGON's device model, Qwen2.5-Coder-0.5B-Instruct
+// Q4_K_M: $DRAGON_QWEN_DEVICE, else models/ in the repository (`make qwen`).
+func QwenDevicePath(t testing.TB) string {
+	t.Helper()
+	return modelFile(t, "DRAGON_QWEN_DEVICE", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "Qwen device model", "qwen")
+}
+
+// QwenCloudPath is DRAGON's cloud model, Qwen2.5-Coder-1.5B-Instruct
+// Q4_K_M, of the same tokenizer: $DRAGON_QWEN_CLOUD, else models/.
+func QwenCloudPath(t testing.TB) string {
+	t.Helper()
+	return modelFile(t, "DRAGON_QWEN_CLOUD", "Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "Qwen cloud model", "qwen")
+}
+
+// modelFile is $env, else models/name, which must exist.
+func modelFile(t testing.TB, env, name, what, target string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p == "" {
+		p = filepath.Join(Root(), "models", name)
+	}
+	return mustExist(t, p, what, target)
+}
+
 // EmbedPath is the sentence-embedding model, all-MiniLM-L6-v2 as GGUF
 // Q8_0: $DRAGON_EMBED_MODEL, else models/ in the repository (`make
 // embed-model`).

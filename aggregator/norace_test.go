@@ -1,0 +1,5 @@
+//go:build !race
+
+package aggregator
+
+const raceDetector = false
