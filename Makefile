@@ -32,7 +32,7 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen run-qwen index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -182,6 +182,33 @@ data/profile-cloud.json data/profile-device.json: $(MODEL) $(LLAMA)/BUILD | buil
 	@core=$$([ "$@" = data/profile-device.json ] && [ "$$(nproc)" -gt 1 ] && echo 1 || echo 0); \
 	pin=$$(command -v taskset >/dev/null && echo "taskset -c $$core"); \
 	$$pin bin/dragon profile --model $(MODEL) --threads 1 --out $@
+
+# DRAGON's model family as a pair: the 0.5B on the device, the 1.5B on the
+# cloud (make qwen), each profiled on its core, over the same demo corpora
+# cut by their tokenizer (data/index-qwen), answering make run's question.
+QWEN_INDEX := data/index-qwen
+run-qwen: build qwen corpus index-qwen profile-qwen
+	@DEVICE_MODEL=$(QWEN_DEVICE) CLOUD_MODEL=$(QWEN_CLOUD) \
+	  DEVICE_INDEX=$(QWEN_INDEX)/device CLOUD_INDEX=$(QWEN_INDEX)/cloud \
+	  DEVICE_PROFILE=data/profile-$(notdir $(basename $(QWEN_DEVICE))).json \
+	  CLOUD_PROFILE=data/profile-$(notdir $(basename $(QWEN_CLOUD))).json \
+	  scripts/demo.sh "$(QUESTION)"
+
+index-qwen: $(QWEN_INDEX)/cloud/manifest.json $(QWEN_INDEX)/device/manifest.json
+$(QWEN_INDEX)/cloud/manifest.json: $(CORPUS)/sotu/.complete | build $(QWEN_CLOUD)
+	bin/dragon index build --dir $(QWEN_INDEX)/cloud --model $(QWEN_CLOUD) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/sotu
+$(QWEN_INDEX)/device/manifest.json: $(CORPUS)/mail/.complete | build $(QWEN_DEVICE)
+	bin/dragon index build --dir $(QWEN_INDEX)/device --model $(QWEN_DEVICE) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/mail
+
+# One decoding fit per Qwen file, measured on the core and with the one
+# thread its daemon gets (the device's core 1, the cloud's core 0).
+profile-qwen: data/profile-$(notdir $(basename $(QWEN_DEVICE))).json data/profile-$(notdir $(basename $(QWEN_CLOUD))).json
+data/profile-$(notdir $(basename $(QWEN_DEVICE))).json: $(QWEN_DEVICE) $(LLAMA)/BUILD | build
+	@mkdir -p data
+	$$([ "$$(nproc)" -gt 1 ] && command -v taskset >/dev/null && echo "taskset -c 1") bin/dragon profile --model $< --threads 1 --out $@
+data/profile-$(notdir $(basename $(QWEN_CLOUD))).json: $(QWEN_CLOUD) $(LLAMA)/BUILD | build
+	@mkdir -p data
+	$$(command -v taskset >/dev/null && echo "taskset -c 0") bin/dragon profile --model $< --threads 1 --out $@
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json

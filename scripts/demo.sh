@@ -28,10 +28,20 @@ wait_serving() {
   echo "the $1 daemon did not start:"; cat "$2"; exit 1
 }
 
-$(pin 0) bin/dragon cloud >"$logs/cloud.log" 2>&1 &
+# Each daemon's model, index and profile: make run's defaults unless set
+# (make run-qwen sets them for the Qwen pair).
+cloud_args=() device_args=()
+[ -n "${CLOUD_MODEL:-}" ] && cloud_args+=(--model "$CLOUD_MODEL")
+[ -n "${CLOUD_INDEX:-}" ] && cloud_args+=(--index "$CLOUD_INDEX")
+[ -n "${CLOUD_PROFILE:-}" ] && cloud_args+=(--profile "$CLOUD_PROFILE")
+[ -n "${DEVICE_MODEL:-}" ] && device_args+=(--model "$DEVICE_MODEL")
+[ -n "${DEVICE_INDEX:-}" ] && device_args+=(--index "$DEVICE_INDEX")
+[ -n "${DEVICE_PROFILE:-}" ] && device_args+=(--profile "$DEVICE_PROFILE")
+
+$(pin 0) bin/dragon cloud "${cloud_args[@]}" >"$logs/cloud.log" 2>&1 &
 pids+=($!)
 wait_serving cloud "$logs/cloud.log"
-$(pin 1) bin/dragon device >"$logs/device.log" 2>&1 &
+$(pin 1) bin/dragon device "${device_args[@]}" >"$logs/device.log" 2>&1 &
 pids+=($!)
 wait_serving device "$logs/device.log"
 

@@ -35,6 +35,10 @@ type Options struct {
 	// (dir/experiments/results.json).
 	Latency, Cache, Quality, Spec bool
 	QualityOpts                   QualityOptions
+	// Family runs E4 as DRAGON's Figure 5: its model family on both sides,
+	// held-out Wikipedia, up to 16 passages per side, the paper's methods.
+	Family     bool
+	FamilyOpts QualityOptions
 	SpecOpts                      SpecOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
@@ -82,6 +86,9 @@ type Results struct {
 	Quality *QualityResults `json:"quality,omitempty"`
 	// Spec is E5 (nil: never run).
 	Spec *SpecResults `json:"spec,omitempty"`
+	// Family is E4 on DRAGON's model family, as its Figure 5 (nil: never
+	// run).
+	Family *QualityResults `json:"family,omitempty"`
 }
 
 // Meta says how a part was measured.
@@ -120,6 +127,20 @@ type QualityResults struct {
 	Passages []int                         `json:"passages_per_side"`
 	Windows  int                           `json:"windows"`
 	Words    int                           `json:"words"`
+	// Methods measured (empty: qualityMethods, as runs before it said).
+	Methods []string `json:"methods,omitempty"`
+	// Model and Corpus, by file and folder name (empty: the default model
+	// and the State of the Union).
+	Model  string `json:"model,omitempty"`
+	Corpus string `json:"corpus,omitempty"`
+}
+
+// methods is what a part measured.
+func (q *QualityResults) methods() []string {
+	if len(q.Methods) == 0 {
+		return qualityMethods
+	}
+	return q.Methods
 }
 
 // Run measures, then writes the CSVs, plots and the report.
@@ -161,6 +182,21 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		}
 		res.Quality = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words}
 		res.Quality.Meta = meta(start)
+	}
+	if o.Family {
+		start := time.Now()
+		q := o.FamilyOpts
+		q.Log = o.Log
+		if len(q.Methods) == 0 {
+			q.Methods = familyMethods[1:]
+		}
+		ppl, windows, err := Quality(ctx, q)
+		if err != nil {
+			return res, err
+		}
+		res.Family = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words,
+			Methods: append([]string{"none"}, q.Methods...), Model: filepath.Base(q.Model.Info().Path), Corpus: q.Corpus}
+		res.Family.Meta = meta(start)
 	}
 	if o.Spec {
 		start := time.Now()
@@ -260,21 +296,13 @@ func Write(dir string, r Results) error {
 		}
 	}
 	if q := r.Quality; q != nil {
-		var rows [][]string
-		for _, m := range qualityMethods {
-			for _, k := range q.Passages {
-				rows = append(rows, []string{m, strconv.Itoa(k), strconv.FormatFloat(q.PPL[m][strconv.Itoa(k)], 'f', 2, 64)})
-			}
-		}
-		if err := writeCSV(filepath.Join(out, "e4.csv"), []string{"method", "passages_per_side", "ppl"}, rows); err != nil {
+		if err := writeQuality(out, "e4", "E4: perplexity of held-out text", q); err != nil {
 			return err
 		}
-		xs := make([]float64, len(q.Passages))
-		for i, k := range q.Passages {
-			xs[i] = float64(k)
-		}
-		if err := plotLines(filepath.Join(out, "e4.png"), "E4: perplexity of held-out text", "passages per side", "perplexity", qualityMethods, q.PPL, xs); err != nil {
-			return fmt.Errorf("experiments: plot e4.png: %w", err)
+	}
+	if q := r.Family; q != nil {
+		if err := writeQuality(out, "e4-family", "E4 (Fig. 5): "+q.Model+" on held-out Wikipedia", q); err != nil {
+			return err
 		}
 	}
 	if r.Spec != nil {
@@ -283,6 +311,27 @@ func Write(dir string, r Results) error {
 		}
 	}
 	return os.WriteFile(filepath.Join(dir, "EXPERIMENTS.md"), []byte(report(r)), 0o644)
+}
+
+// writeQuality writes an E4 part's NAME.csv and NAME.png.
+func writeQuality(out, name, title string, q *QualityResults) error {
+	var rows [][]string
+	for _, m := range q.methods() {
+		for _, k := range q.Passages {
+			rows = append(rows, []string{m, strconv.Itoa(k), strconv.FormatFloat(q.PPL[m][strconv.Itoa(k)], 'f', 2, 64)})
+		}
+	}
+	if err := writeCSV(filepath.Join(out, name+".csv"), []string{"method", "passages_per_side", "ppl"}, rows); err != nil {
+		return err
+	}
+	xs := make([]float64, len(q.Passages))
+	for i, k := range q.Passages {
+		xs[i] = float64(k)
+	}
+	if err := plotLines(filepath.Join(out, name+".png"), title, "passages per side", "perplexity", q.methods(), q.PPL, xs); err != nil {
+		return fmt.Errorf("experiments: plot %s.png: %w", name, err)
+	}
+	return nil
 }
 
 func writeLatency(out string, r *LatencyResults) error {

@@ -99,4 +99,22 @@ func TestWrite(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"method", "passages_per_side", "ppl"}, recs[0])
 	assert.Len(t, recs[1:], len(qualityMethods)*2)
+
+	// E4 as Fig. 5 is a part of its own, beside E4, with the gain ratio.
+	back.Family = &QualityResults{Passages: []int{0, 16}, Windows: 2, Words: 96, Methods: familyMethods,
+		Model: "qwen.gguf", Corpus: "wiki/articles", PPL: map[string]map[string]float64{
+			"none": {"0": 20, "16": 20}, "cloud-context": {"0": 20, "16": 19}, "context": {"0": 20, "16": 18}, "dragon": {"0": 20, "16": 16},
+		}}
+	require.NoError(t, Write(dir, back))
+	md, err = os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "best of device-only, cloud-only and none: 0.875 at k = 4", "E4 kept")
+	assert.Contains(t, string(md), "| 16 | yes | 4.00 | 2.00 | 2.00× |", "dragon's gain 4 against context's 2")
+	assert.FileExists(t, filepath.Join(dir, "experiments", "e4-family.png"))
+	f, err = os.Open(filepath.Join(dir, "experiments", "e4-family.csv"))
+	require.NoError(t, err)
+	recs, err = csv.NewReader(f).ReadAll()
+	f.Close()
+	require.NoError(t, err)
+	assert.Len(t, recs[1:], len(familyMethods)*2)
 }

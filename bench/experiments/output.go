@@ -186,7 +186,7 @@ func report(r Results) string {
 		pr("none: the model alone; device-only, cloud-only: one side's passages, output aggregation; context: both sides' passages ")
 		pr("concatenated before the text (centralised context aggregation); dragon: output aggregation over both sides' passages, ")
 		pr("weighted by softmax of their scores (DRAGON's η-weighted mixture of the two sides).\n\n")
-		table("Perplexity", "lower is better", "k = ", keys, qualityMethods, q.PPL)
+		table("Perplexity", "lower is better", "k = ", keys, q.methods(), q.PPL)
 		pr("- dragon against the best of device-only, cloud-only and none:")
 		for _, k := range keys {
 			if k == "0" {
@@ -198,6 +198,37 @@ func report(r Results) string {
 		pr(" (target < 1 from k = 4).\n\n")
 	} else {
 		pr("## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.\n\n")
+	}
+	if q := r.Family; q != nil {
+		keys := make([]string, len(q.Passages))
+		for i, k := range q.Passages {
+			keys[i] = strconv.Itoa(k)
+		}
+		pr("## E4 on DRAGON's model family (Fig. 5)\n\n![E4 family](experiments/e4-family.png)\n\n")
+		meta(q.Meta)
+		pr(" Perplexity of the second half of %d held-out windows of %d words of %s (real Wikipedia, `make wiki`), given the first half, ", q.Windows, q.Words, q.Corpus)
+		pr("with %s on both sides, as the paper runs Qwen2.5-1.5B on both; the rest of the corpus split between a device and a cloud BM25 index ", q.Model)
+		pr("(alternate documents), each side retrieving for the first half. none: the model alone; cloud-context: the cloud's passages in one prompt ")
+		pr("(CRCG); context: both sides' passages in one prompt (DRCG, centralised and privacy-breaking); dragon: output aggregation over both sides' ")
+		pr("passages (DRAGON).\n\n")
+		table("Perplexity", "lower is better", "k = ", keys, q.methods(), q.PPL)
+		pr("The paper's Figure 5 (Qwen2.5-1.5B and OPT-1.3B on WikiText, 0–16 documents per side) is a plot without a table; it says that DRAGON ")
+		pr("matches or beats every baseline at every k, that the gap widens with k, that CRCG does poorly and DRCG saturates once the text reaches ")
+		pr("the context budget, and that DRAGON's gain over the model alone is **1.9×** the second-best method's for Qwen2.5-1.5B (1.4× for OPT-1.3B).\n\n")
+		pr("| k | dragon ≤ context ≤ cloud-context | gain of dragon (none − ppl) | best centralised gain | ratio |\n|---|---|---|---|---|\n")
+		for _, k := range keys {
+			if k == "0" {
+				continue
+			}
+			none, dr, cx, cc := q.PPL["none"][k], q.PPL["dragon"][k], q.PPL["context"][k], q.PPL["cloud-context"][k]
+			best := max(none-cx, none-cc)
+			holds := "yes"
+			if !(dr <= cx && cx <= cc) {
+				holds = "no"
+			}
+			pr("| %s | %s | %.2f | %.2f | %s |\n", k, holds, none-dr, best, strconv.FormatFloat((none-dr)/best, 'f', 2, 64)+"×")
+		}
+		pr("\n")
 	}
 	if r.Spec != nil {
 		specReport(pr, r.Spec)

@@ -27,12 +27,19 @@ type QualityOptions struct {
 	Windows  int
 	Words    int   // per window: the first half is the query and context, the second is scored
 	Passages []int // per side; 0 is no retrieval
-	Threads  int
-	Log      func(format string, args ...any)
+	// Methods are the methods measured (default qualityMethods); none is
+	// always measured.
+	Methods []string
+	Threads int
+	Log     func(format string, args ...any)
 }
 
 // E4's methods, as e4.csv names them.
 var qualityMethods = []string{"none", "device-only", "cloud-only", "context", "dragon"}
+
+// familyMethods are Figure 5's: no retrieval, the cloud's passages in
+// context (CRCG), both sides' in context (DRCG), and DRAGON.
+var familyMethods = []string{"none", "cloud-context", "context", "dragon"}
 
 // Quality measures E4: the perplexity of the second half of held-out
 // windows given the first, for each method and passages per side. The
@@ -46,6 +53,9 @@ var qualityMethods = []string{"none", "device-only", "cloud-only", "context", "d
 func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float64, int, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
+	}
+	if len(o.Methods) == 0 {
+		o.Methods = qualityMethods
 	}
 	texts, sources, err := promptset.Windows(o.Corpus, o.Windows, o.Words)
 	if err != nil {
@@ -84,15 +94,28 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		return nil, 0, err
 	}
 	defer out.Close()
-	cat, err := decoder.New(o.Model, decoder.Options{MaxPassages: 1, CtxPerSeq: 2048, Threads: o.Threads})
+	// Context aggregation holds every passage of both sides (at most 64
+	// tokens each, and a blank line) before the window.
+	cat, err := decoder.New(o.Model, decoder.Options{MaxPassages: 1, CtxPerSeq: max(2048, 2*most*72+4*o.Words+256), Threads: o.Threads})
 	if err != nil {
 		return nil, 0, err
 	}
 	defer cat.Close()
 
 	nll := map[string]map[int]float64{}
-	for _, m := range qualityMethods {
+	for _, m := range append([]string{"none"}, o.Methods...) {
 		nll[m] = map[int]float64{}
+	}
+	measured := func(m string) bool { return slices.Contains(o.Methods, m) }
+	// concatenated is the NLL of the window's second half after the
+	// passages of hits and its first half, in one sequence.
+	concatenated := func(hits []retrieval.Hit, first, second string) (float64, error) {
+		var all strings.Builder
+		for _, h := range hits {
+			all.WriteString(h.Passage.Text + "\n\n")
+		}
+		x, _, err := nodebench.NLL(ctx, cat, []string{all.String() + first}, []float64{0}, second)
+		return x, err
 	}
 	tokens, windows := 0, 0
 	for w, text := range texts {
@@ -115,16 +138,22 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		for _, k := range o.Passages {
 			nll["none"][k] += none
 			if k == 0 {
-				for _, m := range qualityMethods[1:] {
-					nll[m][k] += none // no passages: every method is the model alone
+				for m := range nll {
+					if m != "none" { // no passages: every method is the model alone
+						nll[m][k] += none
+					}
 				}
 				continue
 			}
 			d, c := hits[0][:min(k, len(hits[0]))], hits[1][:min(k, len(hits[1]))]
+			both := append(slices.Clone(d), c...)
 			for _, run := range []struct {
 				method string
 				hits   []retrieval.Hit
-			}{{"device-only", d}, {"cloud-only", c}, {"dragon", append(slices.Clone(d), c...)}} {
+			}{{"device-only", d}, {"cloud-only", c}, {"dragon", both}} {
+				if !measured(run.method) {
+					continue
+				}
 				prefixes, scores := nodebench.WithPassages(run.hits, half[0])
 				x, _, err := nodebench.NLL(ctx, out, prefixes, scores, half[1])
 				if err != nil {
@@ -132,15 +161,19 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 				}
 				nll[run.method][k] += x
 			}
-			var all strings.Builder
-			for _, h := range append(slices.Clone(d), c...) {
-				all.WriteString(h.Passage.Text + "\n\n")
+			for _, run := range []struct {
+				method string
+				hits   []retrieval.Hit
+			}{{"context", both}, {"cloud-context", c}} {
+				if !measured(run.method) {
+					continue
+				}
+				x, err := concatenated(run.hits, half[0], half[1])
+				if err != nil {
+					return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", run.method, k, err)
+				}
+				nll[run.method][k] += x
 			}
-			x, _, err := nodebench.NLL(ctx, cat, []string{all.String() + half[0]}, []float64{0}, half[1])
-			if err != nil {
-				return nil, 0, fmt.Errorf("experiments: E4 context, %d passages: %w", k, err)
-			}
-			nll["context"][k] += x
 		}
 		o.Log("E4: window %d of %d", w+1, len(texts))
 	}

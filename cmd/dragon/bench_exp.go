@@ -14,14 +14,32 @@ import (
 
 func init() { benchCommands = append(benchCommands, newBenchExpCmd) }
 
+// passagesPerSide parses a flag's list of passages per side.
+func passagesPerSide(flag, list string) ([]int, error) {
+	ks, err := parseFloats(list)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	var out []int
+	for _, k := range ks {
+		if k < 0 || k > 16 || k != float64(int(k)) {
+			return nil, fmt.Errorf("%s: %v: whole numbers from 0 to 16", flag, k)
+		}
+		out = append(out, int(k))
+	}
+	return out, nil
+}
+
 func newBenchExpCmd() *cobra.Command {
 	var (
 		o         experiments.Options
 		latencies string
 		passages  string
 		only      string
-		questions int
-		threads   int
+		// E4 as Fig. 5
+		familyModel, familyPassages string
+		questions                   int
+		threads                     int
 	)
 	cmd := &cobra.Command{
 		Use:   "exp",
@@ -54,9 +72,11 @@ first (make experiments does all of it).`,
 					o.Quality = true
 				case "spec":
 					o.Spec = true
+				case "family":
+					o.Family = true
 				case "report": // run nothing: regenerate the report from results.json
 				default:
-					return fmt.Errorf("--only %q: latency, cache, quality, spec, a comma-separated list of them, or report", e)
+					return fmt.Errorf("--only %q: latency, cache, quality, spec, family, a comma-separated list of them, or report", e)
 				}
 			}
 			var err error
@@ -73,18 +93,14 @@ first (make experiments does all of it).`,
 			if o.Agg.Binary, err = os.Executable(); err != nil {
 				return err
 			}
-			ks, err := parseFloats(passages)
-			if err != nil {
-				return fmt.Errorf("--quality-passages: %w", err)
+			if o.QualityOpts.Passages, err = passagesPerSide("--quality-passages", passages); err != nil {
+				return err
 			}
-			for _, k := range ks {
-				if k < 0 || k > 8 || k != float64(int(k)) {
-					return fmt.Errorf("--quality-passages: %v: whole numbers from 0 to 8", k)
-				}
-				o.QualityOpts.Passages = append(o.QualityOpts.Passages, int(k))
+			if o.FamilyOpts.Passages, err = passagesPerSide("--family-passages", familyPassages); err != nil {
+				return err
 			}
-			if o.QualityOpts.Windows < 1 || o.QualityOpts.Words < 8 || threads < 1 {
-				return fmt.Errorf("--windows ≥ 1, --window-words ≥ 8 and --threads ≥ 1")
+			if o.QualityOpts.Windows < 1 || o.QualityOpts.Words < 8 || o.FamilyOpts.Windows < 1 || o.FamilyOpts.Words < 8 || threads < 1 {
+				return fmt.Errorf("--windows and --family-windows ≥ 1, --window-words and --family-window-words ≥ 8, --threads ≥ 1")
 			}
 			if o.SpecOpts.Prompts < 1 || o.SpecOpts.MaxTokens < 2 || o.SpecOpts.Repeats < 1 {
 				return fmt.Errorf("--spec-prompts ≥ 1, --spec-tokens ≥ 2 and --spec-repeats ≥ 1")
@@ -97,6 +113,14 @@ first (make experiments does all of it).`,
 				defer m.Close()
 				o.QualityOpts.Model, o.QualityOpts.Threads = m, threads
 				o.SpecOpts.Model, o.SpecOpts.Threads = m, threads
+			}
+			if o.Family {
+				m, err := llamacpp.Load(familyModel, llamacpp.Options{Threads: threads})
+				if err != nil {
+					return fmt.Errorf("--family-model: %w (make qwen fetches it)", err)
+				}
+				defer m.Close()
+				o.FamilyOpts.Model, o.FamilyOpts.Threads = m, threads
 			}
 			o.Command = "dragon " + strings.Join(os.Args[1:], " ")
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
@@ -118,12 +142,17 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
-	f.StringVar(&only, "only", "latency,cache,quality,spec", "parts to run: latency (E1–E3), cache (E2 with the KV cache, cold and warm), quality (E4), spec (E5); the others keep their last results (report: run none, regenerate the report)")
+	f.StringVar(&only, "only", "latency,cache,quality,spec", "parts to run: latency (E1–E3), cache (E2 with the KV cache, cold and warm), quality (E4), spec (E5), family (E4 as DRAGON's Fig. 5 on its model family: hours on 2 cores); the others keep their last results (report: run none, regenerate the report)")
 	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
 	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
 	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
 	f.StringVar(&passages, "quality-passages", "0,1,2,4,8", "E4: passages per side")
 	f.IntVar(&threads, "threads", 2, "E4, E5: compute threads")
+	f.StringVar(&familyModel, "family-model", "models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "E4 as Fig. 5 (family): the model of both sides (make qwen)")
+	f.StringVar(&o.FamilyOpts.Corpus, "family-corpus", "data/corpus/wiki/articles", "E4 as Fig. 5: folder of .txt documents (make wiki's Wikipedia articles)")
+	f.StringVar(&familyPassages, "family-passages", "0,1,2,4,8,16", "E4 as Fig. 5: passages per side")
+	f.IntVar(&o.FamilyOpts.Windows, "family-windows", 16, "E4 as Fig. 5: held-out windows")
+	f.IntVar(&o.FamilyOpts.Words, "family-window-words", 96, "E4 as Fig. 5: words per window")
 	f.StringVar(&o.SpecOpts.Corpus, "spec-corpus", "data/corpus", "E5: folder of the two demo corpora (sotu/, mail/) the held-out prompts come from")
 	f.IntVar(&o.SpecOpts.Prompts, "spec-prompts", 16, "E5: held-out prompts (one passage each)")
 	f.IntVar(&o.SpecOpts.MaxTokens, "spec-tokens", 64, "E5: tokens per answer")

@@ -1,0 +1,397 @@
+package qabench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/dragon-rag/dragon/bench/aggbench"
+	"github.com/dragon-rag/dragon/bench/retrievalbench"
+	"github.com/dragon-rag/dragon/internal/timing"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+// Modes are the ways of answering, weakest first: the device's model
+// alone (none), each side with its own passages, both sides' passages in
+// one prompt on the device (the centralized, privacy-breaking DRCG/Text),
+// and DRAGON.
+var Modes = []string{"none", "device-only", "cloud-only", "context", "dragon"}
+
+var modeOf = map[string]dragonv1.Mode{
+	"none":        dragonv1.Mode_MODE_DEVICE_ONLY, // on a device daemon without an index
+	"device-only": dragonv1.Mode_MODE_DEVICE_ONLY,
+	"cloud-only":  dragonv1.Mode_MODE_CLOUD_ONLY,
+	"context":     dragonv1.Mode_MODE_CONTEXT,
+	"dragon":      dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION,
+	"tw":          dragonv1.Mode_MODE_TOKEN_WISE_SYNC,
+}
+
+// CheckModes refuses an unknown mode name.
+func CheckModes(modes []string) error {
+	if len(modes) == 0 {
+		return errors.New("qabench: no modes")
+	}
+	for _, m := range modes {
+		if _, ok := modeOf[m]; !ok {
+			return fmt.Errorf("qabench: unknown mode %q (want %s or tw)", m, strings.Join(Modes, ", "))
+		}
+	}
+	return nil
+}
+
+// ShortAnswer is the system message of every question: the gold answers
+// are short spans (a name, a date, a number).
+const ShortAnswer = "Answer the question with a short answer: a few words, a name, a date or a number. Do not explain."
+
+// Split assigns the files of a corpus to the cloud (the public half) or
+// the device (standing in for private data) by a hash of their path
+// relative to root: deterministic, and independent of what else the
+// folder holds.
+func Split(root string) (cloud, device []string, err error) {
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".txt") {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		h := fnv.New32a()
+		h.Write([]byte(filepath.ToSlash(rel)))
+		if h.Sum32()%2 == 0 {
+			cloud = append(cloud, path)
+		} else {
+			device = append(device, path)
+		}
+		return nil
+	})
+	if err == nil && (len(cloud) == 0 || len(device) == 0) {
+		err = fmt.Errorf("qabench: %s holds too few .txt files to split (make wiki fetches the corpus)", root)
+	}
+	return cloud, device, err
+}
+
+// Labelled is a question with its gold answers and where it came from.
+type Labelled struct {
+	Source string `json:"source"` // the topics file's base name
+	Line   int    `json:"line"`   // 1-based
+	retrievalbench.Question
+}
+
+// Sample keeps the questions whose answer some passage holds (DPR's
+// has-answer test) and draws n of them with the seed, in a fixed order.
+func Sample(qs []Labelled, passages []string, n int, seed uint64) ([]Labelled, int) {
+	ix := retrievalbench.NewAnswerIndex(passages)
+	var ok []Labelled
+	for _, q := range qs {
+		if len(ix.Holding(q.Answers)) > 0 {
+			ok = append(ok, q)
+		}
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x51ab1e))
+	rng.Shuffle(len(ok), func(i, j int) { ok[i], ok[j] = ok[j], ok[i] })
+	return ok[:min(n, len(ok))], len(ok)
+}
+
+// LoadTopics reads topics files in the format make wiki writes.
+func LoadTopics(paths ...string) ([]Labelled, error) {
+	var out []Labelled
+	for _, p := range paths {
+		qs, err := retrievalbench.LoadQuestions(p)
+		if err != nil {
+			return nil, err
+		}
+		for i, q := range qs {
+			out = append(out, Labelled{Source: filepath.Base(p), Line: i + 1, Question: q})
+		}
+	}
+	return out, nil
+}
+
+// Options configure Run.
+type Options struct {
+	// Binary is the dragon binary the daemons run.
+	Binary                  string
+	DeviceModel, CloudModel string
+	DeviceIndex, CloudIndex string
+	// DeviceProfile and CloudProfile are dragon profile fits ("": none).
+	DeviceProfile, CloudProfile string
+	Questions                   []Labelled
+	Modes                       []string
+	K                           int // passages per side
+	MaxTokens                   int
+	// Records is the JSON-lines file of per-question records; an existing
+	// one of the same configuration is resumed.
+	Records string
+	// Seed is the sampling seed (recorded; answers are greedy).
+	Seed uint64
+	Log  func(format string, args ...any)
+}
+
+// Record is one answer.
+type Record struct {
+	Source   string   `json:"source"`
+	Line     int      `json:"line"`
+	Mode     string   `json:"mode"`
+	Question string   `json:"question"`
+	Gold     []string `json:"gold"`
+	Answer   string   `json:"answer"`
+	Tokens   int      `json:"tokens"`
+	Scores
+	PerTokenMS float64 `json:"per_token_ms"`
+	TTFTMS     float64 `json:"ttft_ms"`
+	// Fallback is set when the device answered alone (the cloud failed).
+	Fallback bool `json:"fallback,omitempty"`
+}
+
+// header is the first line of a records file: what its answers depend on.
+type header struct {
+	Config config `json:"config"`
+}
+
+type config struct {
+	DeviceModel string `json:"device_model"`
+	CloudModel  string `json:"cloud_model"`
+	K           int    `json:"k"`
+	MaxTokens   int    `json:"max_tokens"`
+	Seed        uint64 `json:"seed"`
+	System      string `json:"system"`
+}
+
+// Result is the benchmark's JSON: per mode, the mean scores and the median
+// time per answer token and TTFT.
+type Result struct {
+	N           int                `json:"n"`
+	K           int                `json:"k"`
+	DeviceModel string             `json:"device_model"`
+	CloudModel  string             `json:"cloud_model"`
+	EM          map[string]float64 `json:"em"`
+	F1          map[string]float64 `json:"f1"`
+	Contained   map[string]float64 `json:"contained"`
+	PerTokenMS  map[string]float64 `json:"per_token_ms"`
+	TTFTMS      map[string]float64 `json:"ttft_ms"`
+	// Fallbacks counts answers the device gave alone, per mode.
+	Fallbacks map[string]int `json:"fallbacks,omitempty"`
+	Records   string         `json:"records"`
+}
+
+func key(source string, line int, mode string) string {
+	return source + ":" + strconv.Itoa(line) + ":" + mode
+}
+
+// readRecords loads a records file of the configuration want (none: a
+// missing file).
+func readRecords(path string, want config) (map[string]Record, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]Record{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	done := map[string]Record{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		if line == 1 {
+			var h header
+			if err := json.Unmarshal(sc.Bytes(), &h); err != nil {
+				return nil, fmt.Errorf("%s:1: not a records file: %w", path, err)
+			}
+			if h.Config != want {
+				return nil, fmt.Errorf("%s was written for %+v, not %+v: give another --records file", path, h.Config, want)
+			}
+			continue
+		}
+		var r Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			// A run killed mid-write leaves a partial last line: it is
+			// asked again.
+			continue
+		}
+		done[key(r.Source, r.Line, r.Mode)] = r
+	}
+	return done, sc.Err()
+}
+
+// Run answers every question in every mode through a live device daemon
+// (core 1) and cloud daemon (core 0), one thread each, resuming from the
+// records file, and scores the answers.
+func Run(ctx context.Context, o Options) (Result, error) {
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	if err := CheckModes(o.Modes); err != nil {
+		return Result{}, err
+	}
+	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer}
+	done, err := readRecords(o.Records, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	todo := 0
+	for _, q := range o.Questions {
+		for _, m := range o.Modes {
+			if _, ok := done[key(q.Source, q.Line, m)]; !ok {
+				todo++
+			}
+		}
+	}
+	o.Log("qa: %d questions × %d modes, %d answers recorded in %s, %d to go", len(o.Questions), len(o.Modes), len(o.Questions)*len(o.Modes)-todo, o.Records, todo)
+	if todo > 0 {
+		if err := answerAll(ctx, o, cfg, done, todo); err != nil {
+			return Result{}, err
+		}
+	}
+	return summarize(o, cfg, done), nil
+}
+
+// answerAll starts the daemons and answers what the records lack,
+// appending each record as it comes.
+func answerAll(ctx context.Context, o Options, cfg config, done map[string]Record, todo int) error {
+	if err := os.MkdirAll(filepath.Dir(o.Records), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(o.Records, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() == 0 {
+		if err := appendJSON(f, header{cfg}); err != nil {
+			return err
+		}
+	}
+	k := strconv.Itoa(o.K)
+	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512))}
+	cloud, err := aggbench.StartDaemon("cloud", "0", nil, append([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, common...)...)
+	if err != nil {
+		return fmt.Errorf("qabench: cloud: %w", err)
+	}
+	defer cloud.Stop(10 * time.Second)
+	device, err := aggbench.StartDaemon("device", "1", nil, append([]string{o.Binary, "device", "--model", o.DeviceModel, "--index", o.DeviceIndex, "--profile", o.DeviceProfile,
+		"--cloud", cloud.Addr, "--cloud-passages", k,
+		// A 1.5B cloud prefills its passages slowly on a small CPU: the
+		// device waits for it rather than answering alone.
+		"--cloud-timeout", "5m"}, common...)...)
+	if err != nil {
+		return fmt.Errorf("qabench: device: %w", err)
+	}
+	defer device.Stop(10 * time.Second)
+	clients := map[bool]dragonv1.DeviceServiceClient{}
+	dial := func(addr string) (dragonv1.DeviceServiceClient, error) {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		context.AfterFunc(ctx, func() { conn.Close() })
+		return dragonv1.NewDeviceServiceClient(conn), nil
+	}
+	if clients[false], err = dial(device.Addr); err != nil {
+		return err
+	}
+	if slices.Contains(o.Modes, "none") {
+		// The model alone: a device daemon with no index and no cloud.
+		bare, err := aggbench.StartDaemon("device-bare", "1", nil, append([]string{o.Binary, "device", "--model", o.DeviceModel, "--index", "", "--cloud", "", "--profile", o.DeviceProfile}, common...)...)
+		if err != nil {
+			return fmt.Errorf("qabench: device without retrieval: %w", err)
+		}
+		defer bare.Stop(10 * time.Second)
+		if clients[true], err = dial(bare.Addr); err != nil {
+			return err
+		}
+	}
+	start, answered := time.Now(), 0
+	for qi, q := range o.Questions {
+		for _, m := range o.Modes {
+			kk := key(q.Source, q.Line, m)
+			if _, ok := done[kk]; ok {
+				continue
+			}
+			req := &dragonv1.GenerateRequest{Prompt: q.Text, System: ShortAnswer, Mode: modeOf[m],
+				Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(o.MaxTokens)}}
+			a, err := aggbench.Ask(ctx, clients[m == "none"], req)
+			if err != nil {
+				return fmt.Errorf("qabench: %s, question %s:%d: %w\ndevice:\n%s\ncloud:\n%s", m, q.Source, q.Line, err, tail(device.Logs()), tail(cloud.Logs()))
+			}
+			s := a.Summary
+			r := Record{Source: q.Source, Line: q.Line, Mode: m, Question: q.Text, Gold: q.Answers, Answer: strings.TrimSpace(a.Text),
+				Tokens: len(a.Tokens), PerTokenMS: timing.MS(s.GetTokenLatencyMean().AsDuration()), TTFTMS: timing.MS(s.GetTtft().AsDuration()),
+				Fallback: s.GetFallback()}
+			r.Scores = Score(r.Answer, r.Gold)
+			if err := appendJSON(f, r); err != nil {
+				return err
+			}
+			done[kk] = r
+			answered++
+			eta := time.Duration(float64(time.Since(start)) / float64(answered) * float64(todo-answered))
+			o.Log("qa %d/%d (question %d/%d) %-11s em %.0f f1 %.2f contained %.0f %5.0f ms/token ttft %6.0f ms  %q  [eta %v]",
+				answered, todo, qi+1, len(o.Questions), m, r.EM, r.F1, r.Contained, r.PerTokenMS, r.TTFTMS, clip(r.Answer, 60), eta.Round(time.Second))
+		}
+	}
+	return errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
+}
+
+func appendJSON(f *os.File, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(b, '\n'))
+	return err
+}
+
+// summarize averages the scores of the asked questions per mode.
+func summarize(o Options, cfg config, done map[string]Record) Result {
+	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
+		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
+		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records}
+	for _, m := range o.Modes {
+		var per, ttft []float64
+		var em, f1, in float64
+		for _, q := range o.Questions {
+			r := done[key(q.Source, q.Line, m)]
+			em, f1, in = em+r.EM, f1+r.F1, in+r.Contained
+			if r.Tokens > 1 {
+				per = append(per, r.PerTokenMS)
+			}
+			ttft = append(ttft, r.TTFTMS)
+			if r.Fallback {
+				res.Fallbacks[m]++
+			}
+		}
+		n := float64(max(len(o.Questions), 1))
+		res.EM[m], res.F1[m], res.Contained[m] = em/n, f1/n, in/n
+		res.PerTokenMS[m], res.TTFTMS[m] = timing.Median(per), timing.Median(ttft)
+	}
+	return res
+}
+
+func tail(s string) string {
+	if len(s) > 4000 {
+		return "…" + s[len(s)-4000:]
+	}
+	return s
+}
+
+func clip(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}

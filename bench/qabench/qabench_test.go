@@ -1,0 +1,106 @@
+package qabench
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/bench/retrievalbench"
+)
+
+func TestSplitIsDeterministicAndTotal(t *testing.T) {
+	root := t.TempDir()
+	var all []string
+	for _, sub := range []string{"articles", "summaries"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, sub), 0o755))
+		for i := range 40 {
+			p := filepath.Join(root, sub, string(rune('a'+i%26))+string(rune('0'+i/26))+".txt")
+			require.NoError(t, os.WriteFile(p, []byte("text"), 0o644))
+			all = append(all, p)
+		}
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, ".complete"), []byte("x"), 0o644))
+	cloud, device, err := Split(root)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, all, append(append([]string(nil), cloud...), device...), "every file in one half")
+	assert.InDelta(t, 40, len(cloud), 15, "about half each")
+
+	// The same files under another root split the same way.
+	other := t.TempDir()
+	require.NoError(t, os.CopyFS(other, os.DirFS(root)))
+	cloud2, _, err := Split(other)
+	require.NoError(t, err)
+	require.Len(t, cloud2, len(cloud))
+	for i := range cloud {
+		rel1, _ := filepath.Rel(root, cloud[i])
+		rel2, _ := filepath.Rel(other, cloud2[i])
+		assert.Equal(t, rel1, rel2)
+	}
+
+	_, _, err = Split(t.TempDir())
+	assert.ErrorContains(t, err, "make wiki")
+}
+
+func TestSampleKeepsAnswerableQuestions(t *testing.T) {
+	qs := []Labelled{
+		{Source: "nq", Line: 1, Question: retrievalbench.Question{Text: "who wrote hamlet", Answers: []string{"Shakespeare"}}},
+		{Source: "nq", Line: 2, Question: retrievalbench.Question{Text: "capital of peru", Answers: []string{"Lima"}}},
+		{Source: "nq", Line: 3, Question: retrievalbench.Question{Text: "tallest mountain", Answers: []string{"Everest", "Mount Everest"}}},
+	}
+	passages := []string{"Hamlet is a tragedy by William Shakespeare.", "Mount Everest is the highest mountain."}
+	got, answerable := Sample(qs, passages, 10, 1)
+	assert.Equal(t, 2, answerable)
+	assert.Len(t, got, 2)
+	for _, q := range got {
+		assert.NotEqual(t, 2, q.Line, "Lima is in no passage")
+	}
+	one, _ := Sample(qs, passages, 1, 1)
+	again, _ := Sample(qs, passages, 1, 1)
+	assert.Equal(t, one, again, "the same seed draws the same questions")
+}
+
+func TestRecordsResume(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.jsonl")
+	cfg := config{DeviceModel: "a.gguf", CloudModel: "b.gguf", K: 2, MaxTokens: 32, Seed: 1, System: ShortAnswer}
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	require.NoError(t, appendJSON(f, header{cfg}))
+	rec := Record{Source: "nq.test.tsv", Line: 7, Mode: "dragon", Question: "q", Gold: []string{"Paris"}, Answer: "Paris", Tokens: 2, Scores: Score("Paris", []string{"Paris"})}
+	require.NoError(t, appendJSON(f, rec))
+	_, err = f.WriteString(`{"source":"nq.test.tsv","line":8,"mo`) // killed mid-write
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	done, err := readRecords(path, cfg)
+	require.NoError(t, err)
+	require.Len(t, done, 1, "the partial line is asked again")
+	assert.Equal(t, rec, done[key("nq.test.tsv", 7, "dragon")])
+
+	other := cfg
+	other.K = 4
+	_, err = readRecords(path, other)
+	assert.ErrorContains(t, err, "give another --records file")
+
+	none, err := readRecords(filepath.Join(t.TempDir(), "missing.jsonl"), cfg)
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	q := Labelled{Source: "nq.test.tsv", Line: 7, Question: retrievalbench.Question{Text: "q", Answers: []string{"Paris"}}}
+	q2 := Labelled{Source: "nq.test.tsv", Line: 9, Question: retrievalbench.Question{Text: "r", Answers: []string{"Lima"}}}
+	done[key("nq.test.tsv", 9, "dragon")] = Record{Source: "nq.test.tsv", Line: 9, Mode: "dragon", Answer: "It is Lima", Tokens: 4, Scores: Score("It is Lima", []string{"Lima"}), Fallback: true}
+	res := summarize(Options{Questions: []Labelled{q, q2}, Modes: []string{"dragon"}, K: 2}, cfg, done)
+	assert.Equal(t, 2, res.N)
+	assert.InDelta(t, 0.5, res.EM["dragon"], 1e-12)
+	assert.InDelta(t, 1, res.Contained["dragon"], 1e-12)
+	assert.InDelta(t, (1+0.5)/2, res.F1["dragon"], 1e-12)
+	assert.Equal(t, 1, res.Fallbacks["dragon"])
+}
+
+func TestCheckModes(t *testing.T) {
+	require.NoError(t, CheckModes(Modes))
+	assert.ErrorContains(t, CheckModes([]string{"dragon", "centralised"}), `unknown mode "centralised"`)
+	assert.Error(t, CheckModes(nil))
+}
