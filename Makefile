@@ -194,21 +194,17 @@ run-qwen: build qwen corpus index-qwen profile-qwen
 	  CLOUD_PROFILE=data/profile-$(notdir $(basename $(QWEN_CLOUD))).json \
 	  scripts/demo.sh "$(QUESTION)"
 
-index-qwen: $(QWEN_INDEX)/cloud/manifest.json $(QWEN_INDEX)/device/manifest.json
-$(QWEN_INDEX)/cloud/manifest.json: $(CORPUS)/sotu/.complete | build $(QWEN_CLOUD)
-	bin/dragon index build --dir $(QWEN_INDEX)/cloud --model $(QWEN_CLOUD) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/sotu
-$(QWEN_INDEX)/device/manifest.json: $(CORPUS)/mail/.complete | build $(QWEN_DEVICE)
-	bin/dragon index build --dir $(QWEN_INDEX)/device --model $(QWEN_DEVICE) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/mail
+# index-qwen: in scripts/corpus.mk, beside make index.
 
 # One decoding fit per Qwen file, measured on the core and with the one
 # thread its daemon gets (the device's core 1, the cloud's core 0).
 profile-qwen: data/profile-$(notdir $(basename $(QWEN_DEVICE))).json data/profile-$(notdir $(basename $(QWEN_CLOUD))).json
 data/profile-$(notdir $(basename $(QWEN_DEVICE))).json: $(QWEN_DEVICE) $(LLAMA)/BUILD | build
 	@mkdir -p data
-	$$([ "$$(nproc)" -gt 1 ] && command -v taskset >/dev/null && echo "taskset -c 1") bin/dragon profile --model $< --threads 1 --out $@
+	@$$([ "$$(nproc)" -gt 1 ] && command -v taskset >/dev/null && echo "taskset -c 1") bin/dragon profile --model $< --threads 1 --out $@
 data/profile-$(notdir $(basename $(QWEN_CLOUD))).json: $(QWEN_CLOUD) $(LLAMA)/BUILD | build
 	@mkdir -p data
-	$$(command -v taskset >/dev/null && echo "taskset -c 0") bin/dragon profile --model $< --threads 1 --out $@
+	@$$(command -v taskset >/dev/null && echo "taskset -c 0") bin/dragon profile --model $< --threads 1 --out $@
 
 bench: build model
 	bin/dragon bench engine --model $(MODEL) --threads $(THREADS) --json

@@ -12,7 +12,7 @@ CORPUS ?= data/corpus
 INDEX ?= data/index
 INDEX_FLAGS ?=
 
-.PHONY: corpus index index-clean
+.PHONY: corpus index index-qwen index-clean
 
 corpus:
 	@scripts/fetch-corpus.sh $(CORPUS)
@@ -29,6 +29,15 @@ $(INDEX)/cloud/manifest.json: $(CORPUS)/sotu/.complete | build model
 
 $(INDEX)/device/manifest.json: $(CORPUS)/mail/.complete | build model
 	bin/dragon index build --dir $(INDEX)/device --model $(MODEL) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/mail
+
+# The same corpora cut by the Qwen pair's tokenizer, for make run-qwen.
+index-qwen: $(QWEN_INDEX)/cloud/manifest.json $(QWEN_INDEX)/device/manifest.json
+
+$(QWEN_INDEX)/cloud/manifest.json: $(CORPUS)/sotu/.complete | build $(QWEN_CLOUD)
+	bin/dragon index build --dir $(QWEN_INDEX)/cloud --model $(QWEN_CLOUD) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/sotu
+
+$(QWEN_INDEX)/device/manifest.json: $(CORPUS)/mail/.complete | build $(QWEN_DEVICE)
+	bin/dragon index build --dir $(QWEN_INDEX)/device --model $(QWEN_DEVICE) --threads $(THREADS) $(INDEX_FLAGS) $(CORPUS)/mail
 
 index-clean:
 	rm -rf $(INDEX)/cloud $(INDEX)/device

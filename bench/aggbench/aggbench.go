@@ -6,6 +6,7 @@
 package aggbench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,7 +38,13 @@ type Options struct {
 	// Binary is the dragon binary; Env extra environment for it.
 	Binary string
 	Env    []string
-	Model  string
+	// Model is the device's model and, unless CloudModel is set, the
+	// cloud's (the two must share a tokenizer).
+	Model, CloudModel string
+	// DeviceProfile and CloudProfile are the daemons' dragon profile fits
+	// (default data/profile-device.json and data/profile-cloud.json, make
+	// profile's, fitted to the default model).
+	DeviceProfile, CloudProfile string
 	// Cloud and device index folders.
 	CloudIndex, DeviceIndex string
 	Questions               []string
@@ -98,8 +105,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
-	cloud, err := StartDaemon("cloud", "0", o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", "data/profile-cloud.json"}, common...)...)
+	common := append([]string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
+	cloudModel := cmp.Or(o.CloudModel, o.Model)
+	cloud, err := StartDaemon("cloud", "0", o.Env, append([]string{o.Binary, "cloud", "--model", cloudModel, "--index", o.CloudIndex,
+		"--profile", cmp.Or(o.CloudProfile, "data/profile-cloud.json")}, common...)...)
 	if err != nil {
 		return Result{}, err
 	}
@@ -115,7 +124,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	go proxy.Serve(pctx)
-	device, err := StartDaemon("device", "1", o.Env, append([]string{o.Binary, "device", "--index", o.DeviceIndex, "--profile", "data/profile-device.json",
+	device, err := StartDaemon("device", "1", o.Env, append([]string{o.Binary, "device", "--model", o.Model, "--index", o.DeviceIndex,
+		"--profile", cmp.Or(o.DeviceProfile, "data/profile-device.json"),
 		"--cloud", proxy.Addr(), "--cloud-passages", strconv.Itoa(o.Passages)}, common...)...)
 	if err != nil {
 		return Result{}, err

@@ -2,6 +2,7 @@ package qabench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -122,6 +123,25 @@ func LoadTopics(paths ...string) ([]Labelled, error) {
 	return out, nil
 }
 
+// WriteTopics writes questions as a topics file in make wiki's format
+// (question TAB a Python list of answers), so that another pairing can be
+// asked exactly these with --questions.
+func WriteTopics(path string, qs []Labelled) error {
+	var b strings.Builder
+	for _, q := range qs {
+		b.WriteString(strings.ReplaceAll(q.Text, "\t", " "))
+		b.WriteString("\t[")
+		for i, a := range q.Answers {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(a) + "'")
+		}
+		b.WriteString("]\n")
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
 // Options configure Run.
 type Options struct {
 	// Binary is the dragon binary the daemons run.
@@ -134,6 +154,9 @@ type Options struct {
 	Modes                       []string
 	K                           int // passages per side
 	MaxTokens                   int
+	// Retrieval is both daemons' ranker (--retrieval; "" is auto: hybrid
+	// over these indexes).
+	Retrieval string
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -170,6 +193,7 @@ type config struct {
 	MaxTokens   int    `json:"max_tokens"`
 	Seed        uint64 `json:"seed"`
 	System      string `json:"system"`
+	Retrieval   string `json:"retrieval,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -187,6 +211,7 @@ type Result struct {
 	// Fallbacks counts answers the device gave alone, per mode.
 	Fallbacks map[string]int `json:"fallbacks,omitempty"`
 	Records   string         `json:"records"`
+	Retrieval string         `json:"retrieval"`
 }
 
 func key(source string, line int, mode string) string {
@@ -239,7 +264,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := CheckModes(o.Modes); err != nil {
 		return Result{}, err
 	}
-	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer}
+	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -278,7 +303,8 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 		}
 	}
 	k := strconv.Itoa(o.K)
-	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512))}
+	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512)),
+		"--retrieval", cmp.Or(o.Retrieval, "auto")}
 	cloud, err := aggbench.StartDaemon("cloud", "0", nil, append([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, common...)...)
 	if err != nil {
 		return fmt.Errorf("qabench: cloud: %w", err)
@@ -360,7 +386,8 @@ func appendJSON(f *os.File, v any) error {
 func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
-		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records}
+		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
+		Retrieval: cmp.Or(o.Retrieval, "auto")}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

@@ -104,3 +104,19 @@ func TestCheckModes(t *testing.T) {
 	assert.ErrorContains(t, CheckModes([]string{"dragon", "centralised"}), `unknown mode "centralised"`)
 	assert.Error(t, CheckModes(nil))
 }
+
+func TestWriteTopicsRoundTrips(t *testing.T) {
+	qs := []Labelled{
+		{Source: "nq", Line: 1, Question: retrievalbench.Question{Text: "who sang \"yesterday\"", Answers: []string{"The Beatles", "Paul McCartney's band", `a\b`}}},
+		{Source: "nq", Line: 2, Question: retrievalbench.Question{Text: "capital of peru", Answers: []string{"Lima"}}},
+	}
+	path := filepath.Join(t.TempDir(), "q.tsv")
+	require.NoError(t, WriteTopics(path, qs))
+	back, err := LoadTopics(path)
+	require.NoError(t, err)
+	require.Len(t, back, 2)
+	for i := range qs {
+		assert.Equal(t, qs[i].Question, back[i].Question)
+		assert.Equal(t, i+1, back[i].Line)
+	}
+}

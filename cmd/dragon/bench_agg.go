@@ -23,6 +23,7 @@ func newBenchAggCmd() *cobra.Command {
 		latencies, modes  string
 		questions         int
 		asJSON, noSpec    bool
+		noCache           bool
 		cloudIx, deviceIx string
 	)
 	cmd := &cobra.Command{
@@ -63,6 +64,9 @@ make model, make index and (optionally) make profile first.`,
 			if noSpec {
 				o.DaemonFlags = append(o.DaemonFlags, "--no-spec")
 			}
+			if noCache {
+				o.DaemonFlags = append(o.DaemonFlags, "--kv-cache-mb", "0")
+			}
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
 			res, err := aggbench.Run(cmd.Context(), o)
 			if err != nil {
@@ -72,7 +76,10 @@ make model, make index and (optionally) make profile first.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Model, "model", defaultModel(), "GGUF model file")
+	f.StringVar(&o.Model, "model", defaultModel(), "GGUF model file (the device's, and the cloud's unless --cloud-model)")
+	f.StringVar(&o.CloudModel, "cloud-model", "", "the cloud's GGUF model, of the device's tokenizer (default: --model)")
+	f.StringVar(&o.DeviceProfile, "device-profile", "data/profile-device.json", "the device's dragon profile fit")
+	f.StringVar(&o.CloudProfile, "cloud-profile", "data/profile-cloud.json", "the cloud's dragon profile fit")
 	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
@@ -81,6 +88,7 @@ make model, make index and (optionally) make profile first.`,
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens per answer")
 	f.IntVar(&o.Passages, "passages", 2, "passages per side")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off on both daemons")
+	f.BoolVar(&noCache, "no-cache", false, "turn both daemons' KV prefix caches off, so that every mode prefills its passages (as E1 and E2 do)")
 	f.BoolVar(&asJSON, "json", true, "print one JSON object (always)")
 	return cmd
 }

@@ -80,9 +80,20 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 			logf("qa: %d of %d questions have an answer in the %d + %d passages; asking %d (seed %d)",
 				answerable, len(qs), len(cloudPassages), len(devicePassages), len(o.Questions), o.Seed)
 			if o.Records == "" {
-				o.Records = filepath.Join(work, fmt.Sprintf("records-%s-%s-k%d-t%d-s%d.jsonl",
-					modelStem(o.DeviceModel), modelStem(o.CloudModel), o.K, o.MaxTokens, o.Seed))
+				ranker := ""
+				if o.Retrieval != "" && o.Retrieval != "auto" {
+					ranker = "-" + o.Retrieval
+				}
+				o.Records = filepath.Join(work, fmt.Sprintf("records-%s-%s-k%d-t%d-s%d%s.jsonl",
+					modelStem(o.DeviceModel), modelStem(o.CloudModel), o.K, o.MaxTokens, o.Seed, ranker))
 			}
+			// The questions asked, for asking another pairing the same
+			// ones (--questions FILE).
+			topics := strings.TrimSuffix(o.Records, ".jsonl") + ".questions.tsv"
+			if err := qabench.WriteTopics(topics, o.Questions); err != nil {
+				return err
+			}
+			logf("qa: the questions asked are in %s", topics)
 			if o.Binary, err = os.Executable(); err != nil {
 				return err
 			}
@@ -110,6 +121,7 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 	f.StringVar(&modes, "modes", strings.Join(qabench.Modes, ","), "modes to ask, comma-separated (also tw)")
 	f.IntVar(&n, "n", 300, "questions to ask")
 	f.IntVar(&o.K, "k", 2, "passages per side")
+	f.StringVar(&o.Retrieval, "retrieval", "", "both daemons' ranker: auto (hybrid over these indexes), bm25, dense or hybrid; its scores are the passages' relevance R(d), so they weigh the two sides against each other")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "most tokens per answer")
 	f.Uint64Var(&o.Seed, "seed", 1, "question sampling seed")
 	f.IntVar(&threads, "threads", 2, "threads for building the indexes")
