@@ -39,7 +39,7 @@ type Options struct {
 	// held-out Wikipedia, up to 16 passages per side, the paper's methods.
 	Family     bool
 	FamilyOpts QualityOptions
-	SpecOpts                      SpecOptions
+	SpecOpts   SpecOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
 	Agg       aggbench.Options
