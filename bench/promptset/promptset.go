@@ -292,19 +292,28 @@ func Windows(dir string, n, words int) (texts, sources []string, err error) {
 		return nil, nil, fmt.Errorf("promptset: no .txt documents in %s (run `make corpus`)", dir)
 	}
 	slices.Sort(names)
+	used := map[int]bool{}
 	for i := 0; i < n && i < len(names); i++ {
-		name := names[(2*i+1)*len(names)/(2*n)]
-		raw, err := os.ReadFile(name)
-		if err != nil {
-			return nil, nil, fmt.Errorf("promptset: %w", err)
+		// The i-th of n evenly spaced documents, or the next one long
+		// enough (a corpus of short articles has few).
+		for j := (2*i + 1) * len(names) / (2 * n); j < len(names); j++ {
+			if used[j] {
+				continue
+			}
+			raw, err := os.ReadFile(names[j])
+			if err != nil {
+				return nil, nil, fmt.Errorf("promptset: %w", err)
+			}
+			fields := strings.Fields(string(raw))
+			if len(fields) < 3*words {
+				continue
+			}
+			used[j] = true
+			start := 2 * len(fields) / 3
+			texts = append(texts, strings.Join(fields[start:start+words], " "))
+			sources = append(sources, filepath.Base(names[j]))
+			break
 		}
-		fields := strings.Fields(string(raw))
-		if len(fields) < 3*words {
-			continue
-		}
-		start := 2 * len(fields) / 3
-		texts = append(texts, strings.Join(fields[start:start+words], " "))
-		sources = append(sources, filepath.Base(name))
 	}
 	return texts, sources, nil
 }

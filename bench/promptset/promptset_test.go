@@ -118,3 +118,19 @@ func TestHeldOutAvoidsBuiltIn(t *testing.T) {
 		}
 	}
 }
+
+// Windows takes the next long-enough document when the evenly spaced one
+// is too short, and never the same document twice.
+func TestWindowsSkipShortDocuments(t *testing.T) {
+	dir := t.TempDir()
+	long := strings.Repeat("word ", 40)
+	for i, text := range []string{"short", "short", long, "short", long, "short"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("d%d.txt", i)), []byte(text), 0o644))
+	}
+	texts, sources, err := Windows(dir, 3, 8)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"d2.txt", "d4.txt"}, sources)
+	for _, tx := range texts {
+		assert.Len(t, strings.Fields(tx), 8)
+	}
+}
