@@ -55,6 +55,29 @@ func softmax64(logits []float32) []float64 {
 	return out
 }
 
+// handMixture is the mixture over threePassages by hand: ω = softmax(R),
+// each passage's softmax with the unused ids' logits at -Inf (which the
+// model alone must give mass, or the masking would prove nothing). It
+// also returns Σ exp(R).
+func handMixture(t *testing.T, m *fake.Model, d *Decoder, unused []engine.Token) ([]float64, float64) {
+	t.Helper()
+	z := math.Exp(2.0) + math.Exp(0.5) + math.Exp(-1.0)
+	w := []float64{math.Exp(2.0) / z, math.Exp(0.5) / z, math.Exp(-1.0) / z}
+	want := make([]float64, 300)
+	for s := range threePassages {
+		logits := m.Distribution(d.Prompt(s))
+		for _, u := range unused {
+			require.Positive(t, softmax64(logits)[u], "the unmasked model gives id %d mass", u)
+			logits[u] = float32(math.Inf(-1))
+		}
+		p := softmax64(logits)
+		for i := range want {
+			want[i] += w[s] * p[i]
+		}
+	}
+	return want, z
+}
+
 func TestMixtureEqualsHandComputed(t *testing.T) {
 	m, d := newFake(t, Options{})
 	ctx := context.Background()
@@ -62,16 +85,7 @@ func TestMixtureEqualsHandComputed(t *testing.T) {
 	got, err := d.Next(ctx)
 	require.NoError(t, err)
 
-	// ω = softmax(R) by hand.
-	z := math.Exp(2.0) + math.Exp(0.5) + math.Exp(-1.0)
-	w := []float64{math.Exp(2.0) / z, math.Exp(0.5) / z, math.Exp(-1.0) / z}
-	want := make([]float64, 300)
-	for s := range threePassages {
-		p := softmax64(m.Distribution(d.Prompt(s)))
-		for i := range want {
-			want[i] += w[s] * p[i]
-		}
-	}
+	want, z := handMixture(t, m, d, nil)
 	var sum float64
 	for i := range want {
 		assert.InDelta(t, want[i], float64(got[i]), 1e-6+1e-5*want[i], "token %d", i)
@@ -92,20 +106,7 @@ func TestUnusedIdsAreMasked(t *testing.T) {
 	got, err := d.Next(ctx)
 	require.NoError(t, err)
 
-	z := math.Exp(2.0) + math.Exp(0.5) + math.Exp(-1.0)
-	w := []float64{math.Exp(2.0) / z, math.Exp(0.5) / z, math.Exp(-1.0) / z}
-	want := make([]float64, 300)
-	for s := range threePassages {
-		logits := m.Distribution(d.Prompt(s))
-		for _, u := range unused {
-			require.Positive(t, softmax64(logits)[u], "the unmasked model gives id %d mass", u)
-			logits[u] = float32(math.Inf(-1))
-		}
-		p := softmax64(logits)
-		for i := range want {
-			want[i] += w[s] * p[i]
-		}
-	}
+	want, _ := handMixture(t, m, d, unused)
 	for _, u := range unused {
 		assert.Zero(t, got[u], "id %d", u)
 	}

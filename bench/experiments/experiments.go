@@ -135,6 +135,15 @@ type QualityResults struct {
 	Corpus string `json:"corpus,omitempty"`
 }
 
+// keys are the passages per side as the PPL tables key them.
+func (q *QualityResults) keys() []string {
+	keys := make([]string, len(q.Passages))
+	for i, k := range q.Passages {
+		keys[i] = strconv.Itoa(k)
+	}
+	return keys
+}
+
 // methods is what a part measured.
 func (q *QualityResults) methods() []string {
 	if len(q.Methods) == 0 {

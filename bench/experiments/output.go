@@ -175,10 +175,7 @@ func report(r Results) string {
 	}
 
 	if q := r.Quality; q != nil {
-		keys := make([]string, len(q.Passages))
-		for i, k := range q.Passages {
-			keys[i] = strconv.Itoa(k)
-		}
+		keys := q.keys()
 		pr("## E4: quality (DRAGON Fig. 5)\n\n![E4](experiments/e4.png)\n\n")
 		meta(q.Meta)
 		pr(" Perplexity of the second half of %d held-out windows of %d words of the State of the Union corpus, given the first half; ", q.Windows, q.Words)
@@ -200,10 +197,7 @@ func report(r Results) string {
 		pr("## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.\n\n")
 	}
 	if q := r.Family; q != nil {
-		keys := make([]string, len(q.Passages))
-		for i, k := range q.Passages {
-			keys[i] = strconv.Itoa(k)
-		}
+		keys := q.keys()
 		pr("## E4 on DRAGON's model family (Fig. 5)\n\n![E4 family](experiments/e4-family.png)\n\n")
 		meta(q.Meta)
 		pr(" Perplexity of the second half of %d held-out windows of %d words of %s (real Wikipedia, `make wiki`), given the first half, ", q.Windows, q.Words, q.Corpus)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,12 +89,15 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 					modelStem(o.DeviceModel), modelStem(o.CloudModel), o.K, o.MaxTokens, o.Seed, ranker))
 			}
 			// The questions asked, for asking another pairing the same
-			// ones (--questions FILE).
+			// ones (--questions FILE); not over the file they came from,
+			// whose line numbers the records name.
 			topics := strings.TrimSuffix(o.Records, ".jsonl") + ".questions.tsv"
-			if err := qabench.WriteTopics(topics, o.Questions); err != nil {
-				return err
+			if !slices.ContainsFunc(strings.Split(tops, ","), func(p string) bool { return filepath.Clean(p) == filepath.Clean(topics) }) {
+				if err := qabench.WriteTopics(topics, o.Questions); err != nil {
+					return err
+				}
+				logf("qa: the questions asked are in %s", topics)
 			}
-			logf("qa: the questions asked are in %s", topics)
 			if o.Binary, err = os.Executable(); err != nil {
 				return err
 			}
