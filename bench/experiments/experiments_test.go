@@ -109,7 +109,14 @@ func TestWrite(t *testing.T) {
 	md, err = os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
 	require.NoError(t, err)
 	assert.Contains(t, string(md), "best of device-only, cloud-only and none: 0.875 at k = 4", "E4 kept")
-	assert.Contains(t, string(md), "| 16 | yes | 4.00 | 2.00 | 2.00× |", "dragon's gain 4 against context's 2")
+	assert.Contains(t, string(md), "| 16 | yes | yes | 4.00 | 2.00 | 2.00× |", "dragon's gain 4 against context's 2")
+
+	// Centralised methods that lose to the model alone have no ratio.
+	back.Family.PPL["context"]["16"], back.Family.PPL["cloud-context"]["16"] = 21, 22
+	require.NoError(t, Write(dir, back))
+	md, err = os.ReadFile(filepath.Join(dir, "EXPERIMENTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "| 16 | yes | yes | 4.00 | -1.00 | none gains |")
 	assert.FileExists(t, filepath.Join(dir, "experiments", "e4-family.png"))
 	f, err = os.Open(filepath.Join(dir, "experiments", "e4-family.csv"))
 	require.NoError(t, err)

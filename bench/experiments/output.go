@@ -209,18 +209,26 @@ func report(r Results) string {
 		pr("The paper's Figure 5 (Qwen2.5-1.5B and OPT-1.3B on WikiText, 0–16 documents per side) is a plot without a table; it says that DRAGON ")
 		pr("matches or beats every baseline at every k, that the gap widens with k, that CRCG does poorly and DRCG saturates once the text reaches ")
 		pr("the context budget, and that DRAGON's gain over the model alone is **1.9×** the second-best method's for Qwen2.5-1.5B (1.4× for OPT-1.3B).\n\n")
-		pr("| k | dragon ≤ context ≤ cloud-context | gain of dragon (none − ppl) | best centralised gain | ratio |\n|---|---|---|---|---|\n")
+		pr("| k | dragon ≤ context (DRCG) | context ≤ cloud-context (CRCG) | gain of dragon (none − ppl) | best centralised gain | ratio |\n|---|---|---|---|---|---|\n")
+		yesNo := func(b bool) string {
+			if b {
+				return "yes"
+			}
+			return "no"
+		}
 		for _, k := range keys {
 			if k == "0" {
 				continue
 			}
 			none, dr, cx, cc := q.PPL["none"][k], q.PPL["dragon"][k], q.PPL["context"][k], q.PPL["cloud-context"][k]
 			best := max(none-cx, none-cc)
-			holds := "yes"
-			if !(dr <= cx && cx <= cc) {
-				holds = "no"
+			// A ratio of gains means something only when the best
+			// centralised method gains at all.
+			ratio := "none gains"
+			if best > 0 {
+				ratio = strconv.FormatFloat((none-dr)/best, 'f', 2, 64) + "×"
 			}
-			pr("| %s | %s | %.2f | %.2f | %s |\n", k, holds, none-dr, best, strconv.FormatFloat((none-dr)/best, 'f', 2, 64)+"×")
+			pr("| %s | %s | %s | %.2f | %.2f | %s |\n", k, yesNo(dr <= cx), yesNo(cx <= cc), none-dr, best, ratio)
 		}
 		pr("\n")
 	}
