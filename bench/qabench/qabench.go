@@ -320,12 +320,18 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	}
 	defer device.Stop(10 * time.Second)
 	clients := map[bool]dragonv1.DeviceServiceClient{}
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 	dial := func(addr string) (dragonv1.DeviceServiceClient, error) {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
 		}
-		context.AfterFunc(ctx, func() { conn.Close() })
+		conns = append(conns, conn)
 		return dragonv1.NewDeviceServiceClient(conn), nil
 	}
 	if clients[false], err = dial(device.Addr); err != nil {
