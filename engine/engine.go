@@ -67,8 +67,9 @@ type ModelInfo struct {
 	// so that no side ever emits one.
 	Unused []Token
 	// Pooling is how an embedding model's metadata says to pool its token
-	// states into one vector of a text: "mean", "cls" or "last"; empty
-	// for a generative model.
+	// states into one vector of a text: "mean", "cls" or "last"; "rank"
+	// for a cross-encoder, whose context scores each sequence (SeqScorer);
+	// empty for a generative model.
 	Pooling string
 	// Bidirectional is set for encoders (BERT): every token attends to the
 	// whole text, so a text is embedded in one pass, never in pieces.
@@ -153,6 +154,13 @@ func (b *Batch) Len() int { return len(b.Entries) }
 type TokenLogit struct {
 	Token Token
 	Logit float32
+}
+
+// SeqScorer is implemented by the embeddings contexts of ranking models
+// (Pooling "rank"): after a Decode, the relevance score the model gave each
+// sequence of the batch, read from its whole sequence.
+type SeqScorer interface {
+	SeqScore(seq int) (float32, error)
 }
 
 // Context is a decoding context. It is not safe for concurrent use except

@@ -2,7 +2,6 @@ package gguf
 
 import (
 	"bytes"
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
@@ -23,33 +22,22 @@ type kv struct {
 // writeGGUF writes a v3 file of metadata alone (no tensors).
 func writeGGUF(t *testing.T, kvs []kv) string {
 	t.Helper()
-	var b bytes.Buffer
-	le := func(v any) { require.NoError(t, binary.Write(&b, binary.LittleEndian, v)) }
-	str := func(s string) { le(uint64(len(s))); b.WriteString(s) }
-	b.WriteString("GGUF")
-	le(uint32(3))
-	le(uint64(0))
-	le(uint64(len(kvs)))
+	var w Writer
 	for _, p := range kvs {
-		str(p.key)
 		switch v := p.value.(type) {
 		case string:
-			le(uint32(typeString))
-			str(v)
+			w.String(p.key, v)
 		case uint32:
-			le(uint32(typeUint32))
-			le(v)
+			w.Uint32(p.key, v)
 		case []string:
-			le(uint32(typeArray))
-			le(uint32(typeString))
-			le(uint64(len(v)))
-			for _, s := range v {
-				str(s)
-			}
+			w.Strings(p.key, v)
 		default:
 			t.Fatalf("writeGGUF: %T", v)
 		}
 	}
+	var b bytes.Buffer
+	_, err := w.WriteTo(&b)
+	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "m.gguf")
 	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
 	return path

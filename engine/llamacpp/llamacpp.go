@@ -266,6 +266,8 @@ func poolingName(v string) string {
 		return "cls"
 	case "3":
 		return "last"
+	case "4":
+		return "rank"
 	default:
 		return ""
 	}
@@ -492,8 +494,17 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 		return nil, err
 	}
 	defer m.mu.RUnlock()
+	embeddings := C.int(0)
+	switch {
+	case opts.Embeddings && m.info.Pooling == "rank":
+		// A ranking model's per-token states mean nothing; its score per
+		// sequence does (SeqScore).
+		embeddings = 2
+	case opts.Embeddings:
+		embeddings = 1
+	}
 	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize), C.uint32_t(ubatch),
-		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), cbool(opts.Embeddings), cbool(unified))
+		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), embeddings, cbool(unified))
 	if cc == nil {
 		return nil, fmt.Errorf("llamacpp: could not create a context of %d cells for %d sequences", cells, opts.MaxSeqs)
 	}
@@ -714,6 +725,25 @@ func (c *Context) Embedding(i int, dst []float32) ([]float32, error) {
 		return dst, fmt.Errorf("llamacpp: no embedding for row %d", i)
 	}
 	return append(dst[:0], unsafe.Slice((*float32)(unsafe.Pointer(p)), c.model.info.EmbedDim)...), nil
+}
+
+// SeqScore implements engine.SeqScorer: the score a ranking model gave
+// sequence seq of the last Decode.
+func (c *Context) SeqScore(seq int) (float32, error) {
+	if !c.opts.Embeddings || c.model.info.Pooling != "rank" {
+		return 0, fmt.Errorf("%w: not a ranking model's context with embeddings", engine.ErrInvalidInput)
+	}
+	if c.closed {
+		return 0, engine.ErrClosed
+	}
+	if seq < 0 || seq >= c.opts.MaxSeqs {
+		return 0, fmt.Errorf("%w: sequence %d of %d", engine.ErrInvalidInput, seq, c.opts.MaxSeqs)
+	}
+	p := C.llama_get_embeddings_seq(c.lc, C.llama_seq_id(seq))
+	if p == nil {
+		return 0, fmt.Errorf("llamacpp: no score for sequence %d", seq)
+	}
+	return *(*float32)(unsafe.Pointer(p)), nil
 }
 
 // SeqLen implements engine.Context.

@@ -101,7 +101,7 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     p.n_threads = n_threads;
     p.n_threads_batch = n_threads;
     p.embeddings = embeddings != 0;
-    if (p.embeddings) {
+    if (embeddings == 1) {
         p.pooling_type = LLAMA_POOLING_TYPE_NONE;
     }
     p.kv_unified = unified != 0;

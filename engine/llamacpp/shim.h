@@ -10,8 +10,9 @@
 typedef struct dragon_ctx dragon_ctx;
 
 // dragon_ctx_new creates a context with the abort callback installed.
-// With embeddings, every row's hidden state is kept unpooled (the caller
-// pools).
+// With embeddings 1, every row's hidden state is kept unpooled (the caller
+// pools); with 2, each sequence is pooled as the model says (a ranking
+// model's score per sequence).
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                            uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified);
 void dragon_ctx_free(dragon_ctx *c);

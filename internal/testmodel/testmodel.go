@@ -78,6 +78,21 @@ func mustExist(t testing.TB, p, what, target string) string {
 	return p
 }
 
+// RerankPath is the cross-encoder ms-marco-MiniLM-L-12-v2 as converted to
+// GGUF: $DRAGON_RERANK_MODEL, else models/ (`make rerank-model`).
+func RerankPath(t testing.TB) string {
+	t.Helper()
+	return modelFile(t, "DRAGON_RERANK_MODEL", "ms-marco-MiniLM-L-12-v2.F32.gguf", "re-ranking model", "rerank-model")
+}
+
+// RerankONNX is the ONNX file the re-ranking model was converted from
+// (`make rerank-model` keeps it), for reference scores computed without
+// llama.cpp.
+func RerankONNX(t testing.TB) string {
+	t.Helper()
+	return mustExist(t, filepath.Join(Root(), "models", "ms-marco-MiniLM-L-12-v2", "model.onnx"), "cross-encoder ONNX file", "rerank-model")
+}
+
 // EmbedCheckpoint is the sentence-transformers checkpoint the embedding
 // model was converted from (`make embed-model` keeps it), for reference
 // vectors computed without llama.cpp.

@@ -1,0 +1,5 @@
+//go:build !race
+
+package rerank
+
+const raceDetector = false
