@@ -22,6 +22,9 @@ type Hit struct {
 	// BM25 is bleve's raw BM25 score, Cosine the cosine similarity to the
 	// query (0 where the ranker did not return the passage).
 	BM25, Cosine float64
+	// FirstStage is the retriever's R when a re-ranker replaced Score
+	// with its own (0 otherwise).
+	FirstStage float64
 }
 
 // Searcher is what generation needs of an index; *Index implements it and

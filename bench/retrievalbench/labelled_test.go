@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -119,4 +120,39 @@ func TestQuality(t *testing.T) {
 
 	_, err = Quality(t.Context(), QualityOptions{Passages: passages, Questions: qs[3:], Tokenizer: fake.New(fake.Config{})})
 	assert.ErrorContains(t, err, "no question's answer")
+
+	// A re-ranker that puts every answer last undoes the first stage's
+	// recall@1 and keeps its recall at the candidates' depth.
+	res, err = Quality(t.Context(), QualityOptions{
+		Passages: passages, Questions: qs, Pool: 4, Tokenizer: fake.New(fake.Config{}), Ks: []int{1, 3, 5},
+		Embedders: map[string]retrieval.Embedder{"bow": bowEmbedder{}},
+		Reranker:  answersLast{qs}, RerankCandidates: 3, RerankFirst: "bow-dense",
+	})
+	require.NoError(t, err)
+	require.NotNil(t, res.Rerank)
+	assert.Equal(t, "bow-dense", res.Rerank.FirstStage)
+	assert.Equal(t, map[string]map[string]float64{
+		"1": {"off": 1, "on": 0},
+		"3": {"off": 1, "on": 1},
+	}, res.Rerank.RecallAt, "no recall@5 from 3 candidates")
+	assert.Greater(t, res.Rerank.MsPerPair, 0.0)
+}
+
+// answersLast scores a passage holding the question's answer lowest.
+type answersLast struct{ qs []Question }
+
+func (a answersLast) Score(_ context.Context, query string, passages []string) ([]float32, error) {
+	out := make([]float32, len(passages))
+	for _, q := range a.qs {
+		if q.Text != query {
+			continue
+		}
+		for i, p := range passages {
+			if HasAnswer(p, q.Answers) {
+				out[i] = -1
+			}
+		}
+	}
+	time.Sleep(time.Millisecond)
+	return out, nil
 }

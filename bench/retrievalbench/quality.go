@@ -41,6 +41,27 @@ type QualityOptions struct {
 	Dir string
 	// Log, if set, reports progress.
 	Log func(format string, args ...any)
+	// Reranker, if set, re-ranks the first RerankCandidates passages of the
+	// RerankFirst ranker (a key of Recall, e.g. "minilm-hybrid"):
+	// QualityResult.Rerank.
+	Reranker         Scorer
+	RerankCandidates int
+	RerankFirst      string
+}
+
+// Scorer scores passages against a question (a cross-encoder).
+type Scorer interface {
+	Score(ctx context.Context, query string, passages []string) ([]float32, error)
+}
+
+// RerankResult is answer recall@k of the first stage's top k ("off") and
+// of the cross-encoder's top k of its first Candidates ("on"), and the
+// cross-encoder's median time per (question, passage) pair.
+type RerankResult struct {
+	FirstStage string                        `json:"first_stage"`
+	Candidates int                           `json:"candidates"`
+	RecallAt   map[string]map[string]float64 `json:"recall_at"`
+	MsPerPair  float64                       `json:"ms_per_pair"`
 }
 
 // QualityResult is answer recall@k (the share of questions with an answer
@@ -52,6 +73,7 @@ type QualityResult struct {
 	Recall     map[string]map[string]float64 `json:"answer_recall"`
 	// BuildSeconds is each embedder's index build (embedding included).
 	BuildSeconds map[string]float64 `json:"build_s"`
+	Rerank       *RerankResult      `json:"rerank,omitempty"`
 }
 
 // Quality builds one index over the evaluation corpus per embedder and
@@ -122,6 +144,9 @@ func Quality(ctx context.Context, o QualityOptions) (QualityResult, error) {
 		Recall: map[string]map[string]float64{}, BuildSeconds: map[string]float64{},
 	}
 	o.Log("%d of %d questions answerable in the corpus; asking %d over %d passages", len(answerable), len(o.Questions), len(sample), len(pick))
+	if o.Reranker != nil && o.RerankCandidates < 1 {
+		return res, fmt.Errorf("retrievalbench: %d re-ranking candidates", o.RerankCandidates)
+	}
 
 	names := []string{""} // BM25 only
 	for name := range o.Embedders {
@@ -156,6 +181,14 @@ func Quality(ctx context.Context, o QualityOptions) (QualityResult, error) {
 			}
 			res.Recall[key] = rec
 			o.Log("%s: %v", key, rec)
+			if o.Reranker != nil && key == o.RerankFirst {
+				if res.Rerank, err = rerankRecall(ctx, ix, sample, mode, o); err != nil {
+					ix.Close()
+					return res, fmt.Errorf("retrievalbench: re-ranking %s: %w", key, err)
+				}
+				res.Rerank.FirstStage = key
+				o.Log("re-ranking %d of %s: %v, %.1f ms a pair", res.Rerank.Candidates, key, res.Rerank.RecallAt, res.Rerank.MsPerPair)
+			}
 		}
 		ix.Close()
 	}
@@ -197,4 +230,71 @@ func recall(ctx context.Context, ix *retrieval.Index, sample []labelled, mode re
 		out[fmt.Sprintf("@%d", k)] = float64(hits[i]) / float64(len(sample))
 	}
 	return out, nil
+}
+
+// rerankRecall asks each question of the first stage for the candidates,
+// scores them one pair at a time (timing each) and compares recall@k of
+// the two orders.
+func rerankRecall(ctx context.Context, ix *retrieval.Index, sample []labelled, mode retrieval.Mode, o QualityOptions) (*RerankResult, error) {
+	off, on := make([]int, len(o.Ks)), make([]int, len(o.Ks))
+	var pairMS []float64
+	for _, l := range sample {
+		hits, err := ix.Search(ctx, l.q.Text, o.RerankCandidates, mode)
+		if err != nil {
+			return nil, err
+		}
+		scores := make([]float32, len(hits))
+		for i, h := range hits {
+			start := time.Now()
+			s, err := o.Reranker.Score(ctx, l.q.Text, []string{h.Passage.Text})
+			if err != nil {
+				return nil, err
+			}
+			pairMS = append(pairMS, float64(time.Since(start).Microseconds())/1000)
+			scores[i] = s[0]
+		}
+		order := make([]int, len(hits))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortStableFunc(order, func(a, b int) int {
+			switch {
+			case scores[a] > scores[b]:
+				return -1
+			case scores[a] < scores[b]:
+				return 1
+			}
+			return 0
+		})
+		firstOff, firstOn := -1, -1
+		for r := range hits {
+			if firstOff < 0 && HasAnswer(hits[r].Passage.Text, l.q.Answers) {
+				firstOff = r
+			}
+			if firstOn < 0 && HasAnswer(hits[order[r]].Passage.Text, l.q.Answers) {
+				firstOn = r
+			}
+		}
+		for i, k := range o.Ks {
+			if firstOff >= 0 && firstOff < k {
+				off[i]++
+			}
+			if firstOn >= 0 && firstOn < k {
+				on[i]++
+			}
+		}
+	}
+	res := &RerankResult{Candidates: o.RerankCandidates, RecallAt: map[string]map[string]float64{}}
+	for i, k := range o.Ks {
+		if k > o.RerankCandidates {
+			continue // both orders hold the same candidates
+		}
+		n := float64(len(sample))
+		res.RecallAt[fmt.Sprint(k)] = map[string]float64{"off": float64(off[i]) / n, "on": float64(on[i]) / n}
+	}
+	if len(pairMS) > 0 {
+		slices.Sort(pairMS)
+		res.MsPerPair = pairMS[len(pairMS)/2]
+	}
+	return res, nil
 }

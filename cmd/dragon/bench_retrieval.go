@@ -18,6 +18,7 @@ import (
 	"github.com/dragon-rag/dragon/bench/retrievalbench"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/rerank"
 	"github.com/dragon-rag/dragon/retrieval"
 )
 
@@ -32,6 +33,8 @@ type retrievalReport struct {
 	EmbedPerS map[string]float64            `json:"embed_per_s"`
 	EmbedOn   int                           `json:"embed_passages"`
 	Quality   *retrievalbench.QualityResult `json:"quality,omitempty"`
+	// Rerank is Quality's re-ranking run (--rerank-model), also at the top.
+	Rerank *retrievalbench.RerankResult `json:"rerank,omitempty"`
 	// Scale is backend → corpus size → query figures, on synthetic corpora
 	// with ScaleVectors ("words" or "random").
 	ScaleVectors string `json:"scale_vectors,omitempty"`
@@ -73,6 +76,8 @@ func newBenchRetrievalCmd() *cobra.Command {
 		replicas, searchEf                 int
 		graphM, graphEfc                   int
 		keep                               string
+		rerankModel, rerankFirst           string
+		rerankCandidates                   int
 	)
 	cmd := &cobra.Command{
 		Use:   "retrieval",
@@ -155,14 +160,25 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 					}
 					qs = append(qs, q...)
 				}
-				res, err := retrievalbench.Quality(ctx, retrievalbench.QualityOptions{
+				qo := retrievalbench.QualityOptions{
 					Passages: passages, Questions: qs, Sample: sample, Pool: pool, Embedders: embs,
 					Tokenizer: m, Seed: seed, Dir: filepath.Join(scratch, "quality"), Log: logf,
-				})
+				}
+				if rerankModel != "" {
+					// One thread: the cost the daemons pay per pair.
+					rr, closeRR, err := openReranker(rerankModel, 1)
+					if err != nil {
+						return err
+					}
+					defer closeRR()
+					qo.Reranker, qo.RerankCandidates, qo.RerankFirst = rr, rerankCandidates, rerankFirst
+				}
+				res, err := retrievalbench.Quality(ctx, qo)
 				if err != nil {
 					return err
 				}
 				rep.Quality = &res
+				rep.Rerank = res.Rerank
 			}
 			if len(sizes) > 0 {
 				// Half the questions from each set, and the warm-up's from
@@ -222,6 +238,9 @@ others). Embedding throughput is measured on passages of the same corpus.`,
 	f.Uint64Var(&seed, "seed", 1, "sampling seed")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.BoolVar(&noQuality, "no-quality", false, "skip the labelled-question quality run")
+	f.StringVar(&rerankModel, "rerank-model", "", "cross-encoder GGUF (make rerank-model) whose re-ranking of the first stage's candidates is measured: recall@k with and without, and ms per pair on one thread")
+	f.IntVar(&rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages re-ranked")
+	f.StringVar(&rerankFirst, "rerank-first", "minilm-hybrid", "the first stage re-ranked: a ranker of the quality run (bm25, NAME-dense, NAME-hybrid)")
 	f.IntSliceVar(&sizes, "sizes", nil, "synthetic corpus sizes for the scale run, e.g. 10000,100000,1000000 (none: no scale run)")
 	f.StringSliceVar(&backends, "backends", []string{"bleve", "engine-1", "engine-3"}, "scale run backends: bleve, engine-N (N Weaviate nodes on loopback)")
 	f.StringVar(&script, "cluster-script", "deploy/weaviate/cluster.sh", "starts engine nodes (its binary: $WEAVIATE_BIN or build/weaviate, make weaviate)")
@@ -249,6 +268,12 @@ func printRetrievalReport(w interface{ Write([]byte) (int, error) }, r retrieval
 		fmt.Fprintf(w, "answer recall, %d questions (of %d answerable) over %d passages:\n", q.Questions, q.Answerable, q.Passages)
 		for name, rec := range q.Recall {
 			fmt.Fprintf(w, "  %-14s @1 %.3f  @5 %.3f  @10 %.3f  @20 %.3f\n", name, rec["@1"], rec["@5"], rec["@10"], rec["@20"])
+		}
+		if rr := q.Rerank; rr != nil {
+			fmt.Fprintf(w, "re-ranking %d candidates of %s (%.1f ms a pair, one thread):\n", rr.Candidates, rr.FirstStage, rr.MsPerPair)
+			for k, v := range rr.RecallAt {
+				fmt.Fprintf(w, "  @%-3s off %.3f  on %.3f\n", k, v["off"], v["on"])
+			}
 		}
 	}
 	return nil

@@ -26,6 +26,7 @@ import (
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/internal/procstatus"
 	"github.com/dragon-rag/dragon/profiler"
+	"github.com/dragon-rag/dragon/rerank"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/session"
@@ -49,6 +50,8 @@ func modeName(m dragonv1.Mode) string { return session.ModeName(m) }
 // decoder, the limits and the decoding fit.
 type sideFlags struct {
 	model, index, retrieval, profile string
+	rerankModel                      string
+	rerankCandidates                 int
 	threads, passages, maxPassages   int
 	ctxPerSeq, maxTokens, limitToks  int
 	maxPrompt                        int
@@ -72,6 +75,8 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
 	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; ?grpc=:PORT searches over its gRPC port; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
+	fs.StringVar(&f.rerankModel, "rerank-model", "", "cross-encoder GGUF (make rerank-model: models/ms-marco-MiniLM-L-12-v2.F32.gguf) that re-ranks --rerank-candidates first-stage passages to keep the best; its logit becomes each passage's relevance R (empty: no re-ranking)")
+	fs.IntVar(&f.rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages the cross-encoder re-ranks")
 	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
@@ -96,6 +101,10 @@ func (f *sideFlags) validate() error {
 		return fmt.Errorf("--max-tokens %d and --max-tokens-limit %d: need 1 ≤ max-tokens ≤ limit", f.maxTokens, f.limitToks)
 	case f.maxPrompt < 1:
 		return fmt.Errorf("--max-prompt-bytes %d: need at least 1", f.maxPrompt)
+	case f.rerankCandidates < 1:
+		return fmt.Errorf("--rerank-candidates %d: need at least 1", f.rerankCandidates)
+	case f.rerankModel != "" && f.index == "":
+		return errors.New("--rerank-model needs an --index to re-rank")
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
 	}
@@ -148,8 +157,18 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		if r, ok := ix.(*retrieval.RemoteIndex); ok {
 			s.backendReady = r.Ready
 		}
-		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
 		s.close = func() { closeIx(); m.Close() }
+		if f.rerankModel != "" {
+			rr, closeRR, err := openReranker(f.rerankModel, f.threads)
+			if err != nil {
+				s.close()
+				return nil, err
+			}
+			ix = &rerank.Searcher{Inner: ix, Reranker: rr, Candidates: f.rerankCandidates}
+			s.close = func() { closeRR(); closeIx(); m.Close() }
+			log.Info("re-ranking", "model", rr.Name(), "candidates", f.rerankCandidates)
+		}
+		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
 	}
 	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads}
 	if !f.noSpec {
@@ -373,4 +392,19 @@ func daemonLog(cmd *cobra.Command, name string) *slog.Logger {
 		level = slog.LevelDebug
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("daemon", name)
+}
+
+// openReranker loads a cross-encoder for re-ranking, on its own context of
+// threads threads. The returned func closes what it opened.
+func openReranker(path string, threads int) (*rerank.Reranker, func(), error) {
+	m, err := llamacpp.Load(path, llamacpp.Options{Threads: threads})
+	if err != nil {
+		return nil, nil, fmt.Errorf("--rerank-model: %w (make rerank-model fetches the default one)", err)
+	}
+	r, err := rerank.New(m, rerank.Options{Threads: threads})
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("--rerank-model %s: %w", path, err)
+	}
+	return r, func() { r.Close(); m.Close() }, nil
 }
