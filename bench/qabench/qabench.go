@@ -157,6 +157,12 @@ type Options struct {
 	// Retrieval is both daemons' ranker (--retrieval; "" is auto: hybrid
 	// over these indexes).
 	Retrieval string
+	// Weights is how passages are weighed: "static" (the first stage's R)
+	// or "rerank" (RerankModel re-ranks RerankCandidates first-stage
+	// passages per side; R its logit).
+	Weights          string
+	RerankModel      string
+	RerankCandidates int
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -194,6 +200,8 @@ type config struct {
 	Seed        uint64 `json:"seed"`
 	System      string `json:"system"`
 	Retrieval   string `json:"retrieval,omitempty"`
+	Weights     string `json:"weights,omitempty"`
+	Candidates  int    `json:"rerank_candidates,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -212,6 +220,10 @@ type Result struct {
 	Fallbacks map[string]int `json:"fallbacks,omitempty"`
 	Records   string         `json:"records"`
 	Retrieval string         `json:"retrieval"`
+	Weights   string         `json:"weights"`
+	// RerankCandidates is the first-stage passages re-ranked per side
+	// (weights "rerank").
+	RerankCandidates int `json:"rerank_candidates,omitempty"`
 }
 
 func key(source string, line int, mode string) string {
@@ -264,7 +276,18 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := CheckModes(o.Modes); err != nil {
 		return Result{}, err
 	}
-	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval}
+	switch o.Weights {
+	case "", "static":
+		o.Weights, o.RerankModel, o.RerankCandidates = "", "", 0
+	case "rerank":
+		if o.RerankModel == "" || o.RerankCandidates < 1 {
+			return Result{}, fmt.Errorf("qabench: weights rerank needs a re-ranking model and candidates (got %q, %d)", o.RerankModel, o.RerankCandidates)
+		}
+	default:
+		return Result{}, fmt.Errorf("qabench: weights %q: want static or rerank", o.Weights)
+	}
+	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
+		Weights: o.Weights, Candidates: o.RerankCandidates}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -305,16 +328,20 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	k := strconv.Itoa(o.K)
 	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512)),
 		"--retrieval", cmp.Or(o.Retrieval, "auto")}
-	cloud, err := aggbench.StartDaemon("cloud", "0", nil, append([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, common...)...)
+	var rerank []string // the two sides with an index
+	if o.Weights == "rerank" {
+		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates)}
+	}
+	cloud, err := aggbench.StartDaemon("cloud", "0", nil, slices.Concat([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, rerank, common)...)
 	if err != nil {
 		return fmt.Errorf("qabench: cloud: %w", err)
 	}
 	defer cloud.Stop(10 * time.Second)
-	device, err := aggbench.StartDaemon("device", "1", nil, append([]string{o.Binary, "device", "--model", o.DeviceModel, "--index", o.DeviceIndex, "--profile", o.DeviceProfile,
+	device, err := aggbench.StartDaemon("device", "1", nil, slices.Concat([]string{o.Binary, "device", "--model", o.DeviceModel, "--index", o.DeviceIndex, "--profile", o.DeviceProfile,
 		"--cloud", cloud.Addr, "--cloud-passages", k,
 		// A 1.5B cloud prefills its passages slowly on a small CPU: the
 		// device waits for it rather than answering alone.
-		"--cloud-timeout", "5m"}, common...)...)
+		"--cloud-timeout", "5m"}, rerank, common)...)
 	if err != nil {
 		return fmt.Errorf("qabench: device: %w", err)
 	}
@@ -393,7 +420,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto")}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

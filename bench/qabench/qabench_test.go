@@ -83,6 +83,10 @@ func TestRecordsResume(t *testing.T) {
 	other.K = 4
 	_, err = readRecords(path, other)
 	assert.ErrorContains(t, err, "give another --records file")
+	reranked := cfg
+	reranked.Weights, reranked.Candidates = "rerank", 16
+	_, err = readRecords(path, reranked)
+	assert.ErrorContains(t, err, "give another --records file", "re-ranked answers are not static ones")
 
 	none, err := readRecords(filepath.Join(t.TempDir(), "missing.jsonl"), cfg)
 	require.NoError(t, err)
@@ -97,6 +101,18 @@ func TestRecordsResume(t *testing.T) {
 	assert.InDelta(t, 1, res.Contained["dragon"], 1e-12)
 	assert.InDelta(t, (1+0.5)/2, res.F1["dragon"], 1e-12)
 	assert.Equal(t, 1, res.Fallbacks["dragon"])
+}
+
+func TestRunRefusesUnknownWeights(t *testing.T) {
+	for _, o := range []Options{
+		{Weights: "dynamic"},
+		{Weights: "rerank"},
+		{Weights: "rerank", RerankModel: "m.gguf"},
+	} {
+		o.Modes = []string{"dragon"}
+		_, err := Run(t.Context(), o)
+		assert.ErrorContains(t, err, "weights", "%+v", o)
+	}
 }
 
 func TestCheckModes(t *testing.T) {
