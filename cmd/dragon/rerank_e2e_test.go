@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/internal/testmodel"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+)
+
+// TestRerankedPairGreedyDragonEqualsTokenWise: with both sides re-ranking
+// their candidates by the cross-encoder (R its logit on both), greedy
+// DRAGON, the aggregator moving every 3 steps over a 15 ms link, emits what
+// greedy token-wise synchronisation does.
+func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
+	rr := []string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}
+	client, dev, cld := pairWith(t, 15*time.Millisecond, rr, rr, nil)
+	for i, q := range promptset.Questions[:3] {
+		req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
+			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}}
+		}
+		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
+		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+		require.NotEmpty(t, tw.Tokens, "question %d", i)
+		assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+		assert.Equal(t, uint32(2), dr.Summary.GetPassagesDevice())
+		assert.Equal(t, uint32(2), dr.Summary.GetPassagesCloud())
+	}
+	for _, d := range []string{dev.Logs(), cld.Logs()} {
+		assert.Contains(t, d, "re-ranking")
+	}
+}
+
+// TestRerankModelThatDoesNotRankIsRefused: a daemon given an embedding
+// model as its cross-encoder does not start, and says why.
+func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
+	for name, args := range map[string][]string{
+		"not a ranker": {"--rerank-model", testmodel.EmbedPath(t), "--index", testmodel.IndexDir(t, "cloud")},
+		"no index":     {"--rerank-model", testmodel.RerankPath(t), "--index", ""},
+		"no candidates": {"--rerank-model", testmodel.RerankPath(t), "--index", testmodel.IndexDir(t, "cloud"),
+			"--rerank-candidates", "0"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			argv := append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "", "--model", testmodel.Path(t), "--threads", "1", "--profile", ""}, args...)
+			cmd := exec.Command(os.Args[0])
+			cmd.Env = append(os.Environ(), "DRAGON_CHILD_ARGS="+strings.Join(argv, "\n"))
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "%s", out)
+			assert.Contains(t, string(out), map[string]string{
+				"not a ranker": "not a ranking model", "no index": "needs an --index", "no candidates": "--rerank-candidates 0",
+			}[name])
+		})
+	}
+}
