@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/dragon-rag/dragon/engine"
@@ -82,11 +83,16 @@ type Options struct {
 	Mode      Mode
 	// System is the system message of every prompt.
 	System string
-	// RescoreEvery > 0 re-scores the passages against the text generated
-	// so far every that many tokens (dynamic weights, DRAGON §4.1), with
-	// Rescore.
+	// RescoreEvery > 0 turns on dynamic weights (DRAGON §4.1): the
+	// passages' scores at answer position p are Rescore's against the
+	// question and the answer's first ⌊p/RescoreEvery⌋·RescoreEvery tokens
+	// (the first stage's below RescoreEvery). The positions at which the
+	// weights change are a function of the token count alone, so a greedy
+	// answer is the same however its tokens were decided (plain, verified
+	// drafts, or the peer's corrections after a rewind). They apply to Step
+	// and Generate.
 	RescoreEvery int
-	Rescore      func(ctx context.Context, text string, passages []Passage) ([]float64, error)
+	Rescore      func(ctx context.Context, query, answer string, passages []Passage) ([]float64, error)
 	// Spec configures local speculative decoding (Generate only).
 	Spec specdec.Options
 	// NoCostModel verifies every draft the drafter offers, whole, instead
@@ -151,6 +157,10 @@ type Decoder struct {
 	prompts  [][]engine.Token // per sequence
 	w        []float32        // ω = softmax(R)
 	hTilde   float64
+	query    string
+	// epochs are the weights of the answer so far, by the position they
+	// start at (dynamic weights; the first is the first stage's, at 0).
+	epochs []weightEpoch
 	gen      []engine.Token // accepted tokens
 	// held[s] is how many positions sequence s holds in the KV cache: at
 	// most its prompt + gen (+ a draft between Verify and Commit).
@@ -308,6 +318,7 @@ func (d *Decoder) beginMode(ctx context.Context, query string, passages []Passag
 		return fmt.Errorf("decoder: %w: %d passages, at most %d", engine.ErrInvalidInput, n, d.opts.MaxPassages)
 	}
 	d.mode = mode
+	d.query = query
 	d.passages = append(d.passages[:0], passages...)
 	texts, scores := d.promptTexts(query)
 	if len(passages) == 0 && len(imported) > 0 {
@@ -370,6 +381,7 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.prompts = prompts
 	d.w, _ = weights(scores)
 	d.hTilde = hTilde
+	d.epochs = append(d.epochs[:0], weightEpoch{from: 0, w: d.w, hTilde: hTilde})
 	d.gen = d.gen[:0]
 	d.own, d.restored = own, 0
 	d.held = make([]int, len(d.prompts))
@@ -733,23 +745,55 @@ func (d *Decoder) undo(held []int, err error) error {
 	return fmt.Errorf("decoder: %w", err)
 }
 
-// rescore applies fresh relevance scores (dynamic weights).
-func (d *Decoder) rescore(ctx context.Context, text string) error {
-	if d.opts.Rescore == nil || len(d.passages) == 0 || d.mode == ContextAggregation {
-		return nil
+// weightEpoch is the document weights from answer position from on.
+type weightEpoch struct {
+	from   int
+	w      []float32
+	hTilde float64
+}
+
+// dynamic reports whether the weights follow the answer (Options.RescoreEvery).
+func (d *Decoder) dynamic() bool {
+	return d.opts.RescoreEvery > 0 && d.opts.Rescore != nil && len(d.passages) > 0 &&
+		len(d.passages) == len(d.prompts) && d.mode != ContextAggregation
+}
+
+// syncWeights makes the weights those of answer position len(gen): the
+// epoch starting at b = ⌊len(gen)/every⌋·every, scored against the
+// answer's first b tokens (scored now if no epoch starts there, dropping
+// epochs a rewind left behind). It returns how many positions, from
+// len(gen), keep these weights: no forward pass may mix past them.
+func (d *Decoder) syncWeights(ctx context.Context) (int, error) {
+	if !d.dynamic() {
+		return math.MaxInt, nil
 	}
-	scores, err := d.opts.Rescore(ctx, text, d.passages)
-	if err != nil {
-		return fmt.Errorf("decoder: rescore: %w", err)
+	every, n := d.opts.RescoreEvery, len(d.gen)
+	b := n / every * every
+	for len(d.epochs) > 1 && d.epochs[len(d.epochs)-1].from > b {
+		d.epochs = d.epochs[:len(d.epochs)-1]
 	}
-	if len(scores) != len(d.passages) {
-		return fmt.Errorf("decoder: rescore returned %d scores for %d passages", len(scores), len(d.passages))
+	if last := d.epochs[len(d.epochs)-1]; last.from != b {
+		detok := engine.NewDetokenizer(d.model)
+		var answer strings.Builder
+		for _, t := range d.gen[:b] {
+			answer.WriteString(detok.Add(t))
+		}
+		answer.WriteString(detok.Flush())
+		scores, err := d.opts.Rescore(ctx, d.query, answer.String(), d.passages)
+		if err != nil {
+			return 0, fmt.Errorf("decoder: rescore at token %d: %w", b, err)
+		}
+		if len(scores) != len(d.passages) {
+			return 0, fmt.Errorf("decoder: rescore returned %d scores for %d passages", len(scores), len(d.passages))
+		}
+		w, hTilde := weights(scores)
+		d.epochs = append(d.epochs, weightEpoch{from: b, w: w, hTilde: hTilde})
 	}
-	for i := range d.passages {
-		d.passages[i].Score = scores[i]
-	}
-	d.w, d.hTilde = weights(scores)
-	return nil
+	e := d.epochs[len(d.epochs)-1]
+	// A mixture already made for position len(gen) exists only after
+	// Begin (position 0, the first epoch's) and within a step.
+	d.w, d.hTilde = e.w, e.hTilde
+	return b + every - n, nil
 }
 
 // since is a tiny helper for millisecond timings.

@@ -2,7 +2,10 @@ package decoder
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -371,16 +374,105 @@ func TestStopStringsAndMaxTokens(t *testing.T) {
 	assert.Equal(t, full[:2], res.Text)
 }
 
-func TestDynamicWeights(t *testing.T) {
-	calls := 0
-	_, d := newFake(t, Options{RescoreEvery: 4, Rescore: func(_ context.Context, text string, ps []Passage) ([]float64, error) {
-		calls++
-		return []float64{0, 0, 5}, nil
-	}})
-	_, err := d.Generate(context.Background(), Request{Query: "q", Passages: threePassages, MaxTokens: 9}, nil)
-	require.NoError(t, err)
-	assert.Equal(t, 2, calls)
-	assert.Greater(t, d.Weights()[2], float32(0.9))
+// epochScores are the scores a test's Rescore gives for an answer of n
+// tokens: they move the weight between the passages from epoch to epoch.
+func epochScores(n int) []float64 {
+	e := float64(n / 4)
+	return []float64{math.Mod(e, 3) * 2, math.Mod(e+1, 3) * 2, math.Mod(e+2, 3) * 2}
+}
+
+// rescorer is a Rescore that records what it was asked and scores by
+// the boundary the decoder has reached.
+type rescorer struct {
+	d       *Decoder
+	query   string
+	answers []string
+}
+
+func (r *rescorer) rescore(_ context.Context, query, answer string, ps []Passage) ([]float64, error) {
+	r.query = query
+	r.answers = append(r.answers, answer)
+	return epochScores(len(r.d.Generated()) / 4 * 4), nil
+}
+
+// TestDynamicWeightsChangeAtTheStatedPositions: with RescoreEvery 4 the
+// weights at answer position p are those scored on the answer's first
+// ⌊p/4⌋·4 tokens, each boundary scored once, with and without speculation;
+// greedy speculative decoding still emits exactly the plain greedy tokens.
+func TestDynamicWeightsChangeAtTheStatedPositions(t *testing.T) {
+	var answers [][]engine.Token
+	for _, spec := range []bool{false, true} {
+		t.Run(fmt.Sprintf("spec=%v", spec), func(t *testing.T) {
+			r := &rescorer{}
+			opts := Options{RescoreEvery: 4, Rescore: r.rescore}
+			if spec {
+				opts.Spec = specdec.DefaultOptions()
+			}
+			m, d := newFake(t, opts)
+			r.d = d
+			ctx := context.Background()
+			require.NoError(t, d.Start(ctx, "q", threePassages))
+			initial, _ := weights(passageScores(threePassages))
+			choose := func(mix []float32, pos int, _ []engine.Token) (engine.Token, error) {
+				want := initial
+				if b := pos / 4 * 4; b > 0 {
+					want, _ = weights(epochScores(b))
+				}
+				assert.Equal(t, want, d.Weights(), "weights at position %d", pos)
+				return engine.Token(sampling.Argmax(mix)), nil
+			}
+			for len(d.Generated()) < 18 {
+				_, err := d.Step(ctx, choose, 18-len(d.Generated()))
+				require.NoError(t, err)
+			}
+			gen := d.Generated()
+			require.Len(t, r.answers, 4, "scored at 4, 8, 12 and 16 tokens")
+			for i, a := range r.answers {
+				assert.Equal(t, detokenize(m, gen[:4*(i+1)]), a)
+			}
+			assert.Equal(t, "q", r.query)
+			answers = append(answers, slices.Clone(gen))
+
+			// A rewind below a boundary drops the epochs after it, and
+			// the boundary is scored again on the new answer.
+			require.NoError(t, d.Rewind(6, fake.ByteOffset+'z'))
+			for len(d.Generated()) < 10 {
+				_, err := d.Step(ctx, choose, 10-len(d.Generated()))
+				require.NoError(t, err)
+			}
+			require.Len(t, r.answers, 5)
+			assert.Equal(t, detokenize(m, d.Generated()[:8]), r.answers[4])
+			assert.Contains(t, r.answers[4], "z")
+		})
+	}
+	require.Len(t, answers, 2)
+	assert.Equal(t, answers[0], answers[1], "speculation decides what plain decoding does")
+}
+
+func detokenize(m engine.Model, toks []engine.Token) string {
+	dt := engine.NewDetokenizer(m)
+	var b strings.Builder
+	for _, t := range toks {
+		b.WriteString(dt.Add(t))
+	}
+	return b.String() + dt.Flush()
+}
+
+func TestDynamicWeightsRescoreErrorsStopTheStep(t *testing.T) {
+	_, d := newFake(t, Options{RescoreEvery: 2, Spec: specdec.DefaultOptions(), NoCostModel: true,
+		Rescore: func(context.Context, string, string, []Passage) ([]float64, error) {
+			return []float64{1}, nil // one score for three passages
+		}})
+	ctx := context.Background()
+	require.NoError(t, d.Start(ctx, "q", threePassages))
+	argmax := func(mix []float32, _ int, _ []engine.Token) (engine.Token, error) { return engine.Token(sampling.Argmax(mix)), nil }
+	for range 2 {
+		toks, err := d.Step(ctx, argmax, 5)
+		require.NoError(t, err)
+		assert.Len(t, toks, 1, "a step never decides past the next boundary")
+	}
+	_, err := d.Step(ctx, argmax, 5)
+	assert.ErrorContains(t, err, "1 scores for 3 passages")
 }
 
 func TestBadInput(t *testing.T) {

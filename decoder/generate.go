@@ -129,6 +129,11 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	if limit < 1 {
 		return nil, fmt.Errorf("decoder: %w: step limit %d", engine.ErrInvalidInput, limit)
 	}
+	hold, err := d.syncWeights(ctx)
+	if err != nil {
+		return nil, err
+	}
+	limit = min(limit, hold)
 	specOn := d.opts.Spec.Enabled
 	if specOn && d.branches > 1 {
 		return d.treeStep(ctx, choose, min(room, limit))
@@ -323,11 +328,6 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 			if len(res.Tokens) >= req.MaxTokens {
 				res.Stopped = "max_tokens"
 				return true, nil
-			}
-			if d.opts.RescoreEvery > 0 && len(res.Tokens)%d.opts.RescoreEvery == 0 {
-				if err := d.rescore(ctx, text.String()); err != nil {
-					return true, err
-				}
 			}
 		}
 		return false, nil

@@ -924,8 +924,10 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 // keep, when not nil, receives each draft.
 func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft), beside bool) decoder.Chooser {
 	var probs, scores []float32
-	hTilde := r.dec.HTilde()
 	return func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
+		// h̃ of this position's weights (they follow the answer with
+		// dynamic weights): the peer learns it with the draft.
+		hTilde := r.dec.HTilde()
 		probs, scores = r.process(mix, hist, probs, scores)
 		e := epoch()
 		var peer *aggregator.Draft

@@ -10,6 +10,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +52,7 @@ func modeName(m dragonv1.Mode) string { return session.ModeName(m) }
 type sideFlags struct {
 	model, index, retrieval, profile string
 	rerankModel                      string
-	rerankCandidates                 int
+	rerankCandidates, rescoreEvery   int
 	threads, passages, maxPassages   int
 	ctxPerSeq, maxTokens, limitToks  int
 	maxPrompt                        int
@@ -77,6 +78,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
 	fs.StringVar(&f.rerankModel, "rerank-model", "", "cross-encoder GGUF (make rerank-model: models/ms-marco-MiniLM-L-12-v2.F32.gguf) that re-ranks --rerank-candidates first-stage passages to keep the best; its logit becomes each passage's relevance R (empty: no re-ranking)")
 	fs.IntVar(&f.rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages the cross-encoder re-ranks")
+	fs.IntVar(&f.rescoreEvery, "rescore-every", 0, "dynamic weights (DRAGON §4.1): every this many answer tokens the cross-encoder scores the passages again against the question and the answer so far, and the new weights and h̃ hold from that position on (0: the retrieval scores for the whole answer; needs --rerank-model)")
 	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
@@ -105,6 +107,8 @@ func (f *sideFlags) validate() error {
 		return fmt.Errorf("--rerank-candidates %d: need at least 1", f.rerankCandidates)
 	case f.rerankModel != "" && f.index == "":
 		return errors.New("--rerank-model needs an --index to re-rank")
+	case f.rescoreEvery < 0 || (f.rescoreEvery > 0 && f.rerankModel == ""):
+		return fmt.Errorf("--rescore-every %d: need 0, or more with a --rerank-model to score with", f.rescoreEvery)
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
 	}
@@ -148,6 +152,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		}
 	}
 	s := &side{model: m, close: func() { m.Close() }}
+	var reranker *rerank.Reranker
 	if f.index != "" {
 		ix, closeIx, err := openSearcher(f.index, m, f.threads)
 		if err != nil {
@@ -164,6 +169,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 				s.close()
 				return nil, err
 			}
+			reranker = rr
 			ix = &rerank.Searcher{Inner: ix, Reranker: rr, Candidates: f.rerankCandidates}
 			s.close = func() { closeRR(); closeIx(); m.Close() }
 			log.Info("re-ranking", "model", rr.Name(), "candidates", f.rerankCandidates)
@@ -171,6 +177,9 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
 	}
 	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads}
+	if f.rescoreEvery > 0 {
+		s.decoder.RescoreEvery, s.decoder.Rescore = f.rescoreEvery, rescoreWith(reranker)
+	}
 	if !f.noSpec {
 		s.decoder.Spec = specdec.DefaultOptions()
 	}
@@ -407,4 +416,24 @@ func openReranker(path string, threads int) (*rerank.Reranker, func(), error) {
 		return nil, nil, fmt.Errorf("--rerank-model %s: %w", path, err)
 	}
 	return r, func() { r.Close(); m.Close() }, nil
+}
+
+// rescoreWith is dynamic weights' relevance: the cross-encoder's logit of
+// each passage against the question followed by the answer so far.
+func rescoreWith(r *rerank.Reranker) func(ctx context.Context, query, answer string, passages []decoder.Passage) ([]float64, error) {
+	return func(ctx context.Context, query, answer string, passages []decoder.Passage) ([]float64, error) {
+		texts := make([]string, len(passages))
+		for i, p := range passages {
+			texts[i] = p.Text
+		}
+		scores, err := r.Score(ctx, strings.TrimSpace(query+" "+answer), texts)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]float64, len(scores))
+		for i, s := range scores {
+			out[i] = float64(s)
+		}
+		return out, nil
+	}
 }

@@ -16,27 +16,32 @@ import (
 )
 
 // TestRerankedPairGreedyDragonEqualsTokenWise: with both sides re-ranking
-// their candidates by the cross-encoder (R its logit on both), greedy
-// DRAGON, the aggregator moving every 3 steps over a 15 ms link, emits what
-// greedy token-wise synchronisation does.
+// their candidates by the cross-encoder (R its logit on both), and with
+// dynamic weights rescored every 4 tokens, greedy DRAGON, the aggregator
+// moving every 3 steps over a 15 ms link, emits what greedy token-wise
+// synchronisation does.
 func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
-	rr := []string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}
-	client, dev, cld := pairWith(t, 15*time.Millisecond, rr, rr, nil)
-	for i, q := range promptset.Questions[:3] {
-		req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
-			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}}
-		}
-		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		require.NotEmpty(t, tw.Tokens, "question %d", i)
-		assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
-		assert.Equal(t, uint32(2), dr.Summary.GetPassagesDevice())
-		assert.Equal(t, uint32(2), dr.Summary.GetPassagesCloud())
-	}
-	for _, d := range []string{dev.Logs(), cld.Logs()} {
-		assert.Contains(t, d, "re-ranking")
+	for name, extra := range map[string][]string{"rerank": nil, "dynamic": {"--rescore-every", "4"}} {
+		t.Run(name, func(t *testing.T) {
+			rr := append([]string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}, extra...)
+			client, dev, cld := pairWith(t, 15*time.Millisecond, rr, rr, nil)
+			for i, q := range promptset.Questions[:3] {
+				req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
+					return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}}
+				}
+				tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
+				require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+				dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
+				require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+				require.NotEmpty(t, tw.Tokens, "question %d", i)
+				assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+				assert.Equal(t, uint32(2), dr.Summary.GetPassagesDevice())
+				assert.Equal(t, uint32(2), dr.Summary.GetPassagesCloud())
+			}
+			for _, d := range []string{dev.Logs(), cld.Logs()} {
+				assert.Contains(t, d, "re-ranking")
+			}
+		})
 	}
 }
 
@@ -48,6 +53,7 @@ func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
 		"no index":     {"--rerank-model", testmodel.RerankPath(t), "--index", ""},
 		"no candidates": {"--rerank-model", testmodel.RerankPath(t), "--index", testmodel.IndexDir(t, "cloud"),
 			"--rerank-candidates", "0"},
+		"rescore without a model": {"--rescore-every", "8", "--index", testmodel.IndexDir(t, "cloud")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			argv := append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "", "--model", testmodel.Path(t), "--threads", "1", "--profile", ""}, args...)
@@ -57,6 +63,7 @@ func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
 			require.Error(t, err, "%s", out)
 			assert.Contains(t, string(out), map[string]string{
 				"not a ranker": "not a ranking model", "no index": "needs an --index", "no candidates": "--rerank-candidates 0",
+				"rescore without a model": "--rescore-every 8",
 			}[name])
 		})
 	}
