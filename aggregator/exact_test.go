@@ -16,30 +16,41 @@ import (
 // target, the next must be distributed as η·p^device + (1-η)·p^cloud. It
 // returns the p-value.
 func chiSquare(t *testing.T, targets []int32, dist [2]markov, eta float64) float64 {
+	return chiSquareAt(t, targets, dist, func([]int32) float64 { return eta })
+}
+
+// chiSquareAt is chiSquare with η a function of the targets before each
+// position (dynamic weights); rows are counted per (previous target, η).
+func chiSquareAt(t *testing.T, targets []int32, dist [2]markov, etaAt func(prefix []int32) float64) float64 {
 	vocab := len(dist[0][len(dist[0])-1])
+	type cell struct {
+		row int
+		eta float64
+	}
 	// Rows are made as they are reached: a large vocabulary reaches few.
-	counts := map[int][]float64{}
+	counts := map[cell][]float64{}
 	prev := vocab // the start row
-	for _, tok := range targets {
-		if counts[prev] == nil {
-			counts[prev] = make([]float64, vocab)
+	for i, tok := range targets {
+		c := cell{prev, etaAt(targets[:i])}
+		if counts[c] == nil {
+			counts[c] = make([]float64, vocab)
 		}
-		counts[prev][tok]++
+		counts[c][tok]++
 		prev = int(tok)
 	}
 	var stat float64
 	df := 0
-	for row, obs := range counts {
+	for c, obs := range counts {
 		var n float64
 		for _, o := range obs {
 			n += o
 		}
 		cells := 0
 		for tok, o := range obs {
-			p := eta*float64(dist[0][row][tok]) + (1-eta)*float64(dist[1][row][tok])
+			p := c.eta*float64(dist[0][c.row][tok]) + (1-c.eta)*float64(dist[1][c.row][tok])
 			e := n * p
 			if e == 0 {
-				require.Zero(t, o, "token %d after %d has probability 0", tok, row)
+				require.Zero(t, o, "token %d after %d has probability 0", tok, c.row)
 				continue
 			}
 			stat += (o - e) * (o - e) / e
@@ -161,6 +172,44 @@ func TestSpeculativeAggregationIsExactOverQwenVocabulary(t *testing.T) {
 	t.Logf("p = %.4f; %d handovers", p, w.switches)
 	assert.Greater(t, p, 0.001, "targets follow the η-mixture")
 	assert.Greater(t, w.switches, 20, "the aggregator moved")
+}
+
+// TestSpeculativeAggregationIsExactWithDynamicWeights: each side's h̃
+// changes every 3 steps as a function of the answer before the boundary
+// (re-scoring its passages against it), drafts computed on a prefix that is
+// later rolled back carry that prefix's h̃, and the targets still follow
+// the η-mixture of each position's weights.
+func TestSpeculativeAggregationIsExactWithDynamicWeights(t *testing.T) {
+	const every = 3
+	etas := []float64{0.15, 0.5, 0.85}
+	rescore := func(prefix []int32) float64 {
+		var h uint64 = 1469598103934665603
+		for _, tok := range prefix {
+			h = (h ^ uint64(tok)) * 1099511628211
+		}
+		return etas[h%uint64(len(etas))]
+	}
+	etaAt := func(prefix []int32) float64 { return rescore(prefix[:len(prefix)/every*every]) }
+	for i, c := range exactCases {
+		t.Run(c.name, func(t *testing.T) {
+			dist := disagreeing(13)
+			w := newWorld(t, worldConfig{
+				seed: 77 + uint64(i), topP: 1, dist: dist, rescoreEvery: every, rescore: rescore,
+				maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
+				first: Cloud, steps: 20000,
+			})
+			w.run()
+			targets := w.agreed()
+			require.GreaterOrEqual(t, len(targets), 20000)
+			p := chiSquareAt(t, targets, dist, etaAt)
+			t.Logf("p = %.4f; %d handovers", p, w.switches)
+			assert.Greater(t, p, 0.001, "targets follow each position's η-mixture")
+			// The test can tell: weights taking effect one rescoring late do
+			// not fit these targets.
+			late := func(prefix []int32) float64 { return rescore(prefix[:max(0, len(prefix)/every*every-every)]) }
+			assert.Less(t, chiSquareAt(t, targets, dist, late), 0.001)
+		})
+	}
 }
 
 // brokenResample is Algorithm 1 with a plausible bug: a rejected draft is

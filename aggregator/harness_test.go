@@ -91,6 +91,21 @@ type worldConfig struct {
 	steps      uint64 // stop once this many steps are decided
 	// rule replaces Algorithm 1 on both Nodes (nil: the real one).
 	rule func(p pair, greedy bool, seed, step uint64) int32
+	// rescoreEvery > 0 gives dynamic weights: the h̃ a side drafts with at
+	// step s is logMass(rescore(prefix[:⌊s/rescoreEvery⌋·rescoreEvery]))
+	// over its own prefix, as a side re-scoring its passages against the
+	// answer so far does; logMass is then unused.
+	rescoreEvery int
+	rescore      func(prefix []int32) float64
+}
+
+// massAt is the h̃ side i drafts step with, given its prefix.
+func (w *world) massAt(i int, step uint64, prefix []int32) float64 {
+	if w.cfg.rescoreEvery <= 0 {
+		return w.cfg.logMass[i]
+	}
+	b := int(step) / w.cfg.rescoreEvery * w.cfg.rescoreEvery
+	return logMass(w.cfg.rescore(prefix[:b]))[i]
 }
 
 // producer is one side's decoder: it drafts on its own prefix (the targets
@@ -198,12 +213,12 @@ func (w *world) draft(i int) {
 		)
 		if peer := w.peerDraft(i); peer != nil {
 			w.beside++
-			d, err = p.prop.ProposeBeside(probs, step, p.epoch, w.cfg.logMass[i], peer)
+			d, err = p.prop.ProposeBeside(probs, step, p.epoch, w.massAt(i, step, p.toks), peer)
 			if d.Meta.Moved {
 				w.moved++
 			}
 		} else {
-			d, err = p.prop.Propose(probs, step, p.epoch, w.cfg.logMass[i])
+			d, err = p.prop.Propose(probs, step, p.epoch, w.massAt(i, step, p.toks))
 		}
 		require.NoError(w.t, err)
 		w.prefixes[draftKey{p.side, step, p.epoch}] = p.hash
