@@ -157,12 +157,14 @@ type Options struct {
 	// Retrieval is both daemons' ranker (--retrieval; "" is auto: hybrid
 	// over these indexes).
 	Retrieval string
-	// Weights is how passages are weighed: "static" (the first stage's R)
-	// or "rerank" (RerankModel re-ranks RerankCandidates first-stage
-	// passages per side; R its logit).
+	// Weights is how passages are weighed: "static" (the first stage's R),
+	// "rerank" (RerankModel re-ranks RerankCandidates first-stage passages
+	// per side; R its logit) or "dynamic" (re-ranked, then re-scored every
+	// RescoreEvery answer tokens: DRAGON §4.1).
 	Weights          string
 	RerankModel      string
 	RerankCandidates int
+	RescoreEvery     int
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -202,6 +204,7 @@ type config struct {
 	Retrieval   string `json:"retrieval,omitempty"`
 	Weights     string `json:"weights,omitempty"`
 	Candidates  int    `json:"rerank_candidates,omitempty"`
+	Every       int    `json:"rescore_every,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -222,8 +225,10 @@ type Result struct {
 	Retrieval string         `json:"retrieval"`
 	Weights   string         `json:"weights"`
 	// RerankCandidates is the first-stage passages re-ranked per side
-	// (weights "rerank").
+	// (weights "rerank" and "dynamic"), RescoreEvery the tokens between
+	// re-scorings ("dynamic").
 	RerankCandidates int `json:"rerank_candidates,omitempty"`
+	RescoreEvery     int `json:"rescore_every,omitempty"`
 }
 
 func key(source string, line int, mode string) string {
@@ -278,16 +283,21 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	switch o.Weights {
 	case "", "static":
-		o.Weights, o.RerankModel, o.RerankCandidates = "", "", 0
-	case "rerank":
+		o.Weights, o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", "", 0, 0
+	case "rerank", "dynamic":
 		if o.RerankModel == "" || o.RerankCandidates < 1 {
-			return Result{}, fmt.Errorf("qabench: weights rerank needs a re-ranking model and candidates (got %q, %d)", o.RerankModel, o.RerankCandidates)
+			return Result{}, fmt.Errorf("qabench: weights %s needs a re-ranking model and candidates (got %q, %d)", o.Weights, o.RerankModel, o.RerankCandidates)
+		}
+		if o.Weights == "rerank" {
+			o.RescoreEvery = 0
+		} else if o.RescoreEvery < 1 {
+			return Result{}, fmt.Errorf("qabench: weights dynamic needs a rescoring interval (got %d)", o.RescoreEvery)
 		}
 	default:
-		return Result{}, fmt.Errorf("qabench: weights %q: want static or rerank", o.Weights)
+		return Result{}, fmt.Errorf("qabench: weights %q: want static, rerank or dynamic", o.Weights)
 	}
 	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
-		Weights: o.Weights, Candidates: o.RerankCandidates}
+		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -329,8 +339,9 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512)),
 		"--retrieval", cmp.Or(o.Retrieval, "auto")}
 	var rerank []string // the two sides with an index
-	if o.Weights == "rerank" {
-		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates)}
+	if o.Weights != "" {
+		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates),
+			"--rescore-every", strconv.Itoa(o.RescoreEvery)}
 	}
 	cloud, err := aggbench.StartDaemon("cloud", "0", nil, slices.Concat([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, rerank, common)...)
 	if err != nil {
@@ -420,7 +431,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

@@ -105,9 +105,10 @@ func TestRecordsResume(t *testing.T) {
 
 func TestRunRefusesUnknownWeights(t *testing.T) {
 	for _, o := range []Options{
-		{Weights: "dynamic"},
+		{Weights: "learned"},
 		{Weights: "rerank"},
 		{Weights: "rerank", RerankModel: "m.gguf"},
+		{Weights: "dynamic", RerankModel: "m.gguf", RerankCandidates: 8},
 	} {
 		o.Modes = []string{"dragon"}
 		_, err := Run(t.Context(), o)

@@ -86,8 +86,11 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 				if o.Retrieval != "" && o.Retrieval != "auto" {
 					ranker = "-" + o.Retrieval
 				}
-				if o.Weights == "rerank" {
+				switch o.Weights {
+				case "rerank":
 					ranker += fmt.Sprintf("-rerank%d", o.RerankCandidates)
+				case "dynamic":
+					ranker += fmt.Sprintf("-rerank%d-every%d", o.RerankCandidates, o.RescoreEvery)
 				}
 				o.Records = filepath.Join(work, fmt.Sprintf("records-%s-%s-k%d-t%d-s%d%s.jsonl",
 					modelStem(o.DeviceModel), modelStem(o.CloudModel), o.K, o.MaxTokens, o.Seed, ranker))
@@ -130,7 +133,8 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 	f.IntVar(&n, "n", 300, "questions to ask")
 	f.IntVar(&o.K, "k", 2, "passages per side")
 	f.StringVar(&o.Retrieval, "retrieval", "", "both daemons' ranker: auto (hybrid over these indexes), bm25, dense or hybrid; its scores are the passages' relevance R(d), so they weigh the two sides against each other")
-	f.StringVar(&o.Weights, "weights", "static", "how passages are weighed: static (the first stage's scores) or rerank (--rerank-model re-ranks --rerank-candidates passages on each side; R is its logit)")
+	f.StringVar(&o.Weights, "weights", "static", "how passages are weighed: static (the first stage's scores), rerank (--rerank-model re-ranks --rerank-candidates passages on each side; R is its logit) or dynamic (re-ranked, then re-scored against the answer every --rescore-every tokens)")
+	f.IntVar(&o.RescoreEvery, "rescore-every", 16, "answer tokens between re-scorings for --weights dynamic")
 	f.StringVar(&o.RerankModel, "rerank-model", "models/ms-marco-MiniLM-L-12-v2.F32.gguf", "cross-encoder GGUF for --weights rerank (make rerank-model)")
 	f.IntVar(&o.RerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages re-ranked per side for --weights rerank")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "most tokens per answer")
