@@ -146,3 +146,27 @@ func TestScoreStopsWithItsContext(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, s[0], float32(5))
 }
+
+// BenchmarkRepeatedQuestion is what a repeated question's re-ranking of 16
+// candidates costs once its pairs are cached.
+func BenchmarkRepeatedQuestion(b *testing.B) {
+	m, err := llamacpp.Load(testmodel.RerankPath(b), llamacpp.Options{Threads: 1})
+	require.NoError(b, err)
+	defer m.Close()
+	r, err := New(m, Options{Threads: 1})
+	require.NoError(b, err)
+	defer r.Close()
+	var passages []string
+	for i := range 16 {
+		passages = append(passages, fmt.Sprintf("%s (%d) %s", berlin.passages[i%len(berlin.passages)], i, strings.Repeat("more words of the passage ", 8)))
+	}
+	ctx := context.Background()
+	_, err = r.Score(ctx, berlin.query, passages)
+	require.NoError(b, err)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := r.Score(ctx, berlin.query, passages); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
