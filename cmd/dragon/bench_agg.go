@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/dragon-rag/dragon/bench/aggbench"
 	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/rerank"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
@@ -25,6 +27,9 @@ func newBenchAggCmd() *cobra.Command {
 		asJSON, noSpec    bool
 		noCache           bool
 		cloudIx, deviceIx string
+		rerankModel       string
+		rerankCandidates  int
+		rescoreEvery      int
 	)
 	cmd := &cobra.Command{
 		Use:   "agg",
@@ -67,6 +72,10 @@ make model, make index and (optionally) make profile first.`,
 			if noCache {
 				o.DaemonFlags = append(o.DaemonFlags, "--kv-cache-mb", "0")
 			}
+			if rerankModel != "" {
+				o.DaemonFlags = append(o.DaemonFlags, "--rerank-model", rerankModel,
+					"--rerank-candidates", strconv.Itoa(rerankCandidates), "--rescore-every", strconv.Itoa(rescoreEvery))
+			}
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
 			res, err := aggbench.Run(cmd.Context(), o)
 			if err != nil {
@@ -90,5 +99,8 @@ make model, make index and (optionally) make profile first.`,
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off on both daemons")
 	f.BoolVar(&noCache, "no-cache", false, "turn both daemons' KV prefix caches off, so that every mode prefills its passages (as E1 and E2 do)")
 	f.BoolVar(&asJSON, "json", true, "print one JSON object (always)")
+	f.StringVar(&rerankModel, "rerank-model", "", "both daemons re-rank their candidates with this cross-encoder (make rerank-model)")
+	f.IntVar(&rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "with --rerank-model: first-stage passages re-ranked")
+	f.IntVar(&rescoreEvery, "rescore-every", 0, "with --rerank-model: dynamic weights, re-scored every this many answer tokens (0: off)")
 	return cmd
 }
