@@ -161,7 +161,7 @@ type Decoder struct {
 	// epochs are the weights of the answer so far, by the position they
 	// start at (dynamic weights; the first is the first stage's, at 0).
 	epochs []weightEpoch
-	gen      []engine.Token // accepted tokens
+	gen    []engine.Token // accepted tokens
 	// held[s] is how many positions sequence s holds in the KV cache: at
 	// most its prompt + gen (+ a draft between Verify and Commit).
 	held      []int
@@ -743,6 +743,18 @@ func (d *Decoder) undo(held []int, err error) error {
 		d.held[s] = n
 	}
 	return fmt.Errorf("decoder: %w", err)
+}
+
+// SetScores replaces the current generation's passage scores, so the
+// weights and h̃ of every mixture made from now on: teacher-forced
+// evaluation of dynamic weights (nodebench.NLLDynamic), which verifies a
+// known continuation in chunks. Step keeps its own epochs instead.
+func (d *Decoder) SetScores(scores []float64) error {
+	if len(scores) != len(d.prompts) {
+		return fmt.Errorf("decoder: %w: %d scores for %d sequences", engine.ErrInvalidInput, len(scores), len(d.prompts))
+	}
+	d.w, d.hTilde = weights(scores)
+	return nil
 }
 
 // weightEpoch is the document weights from answer position from on.

@@ -465,7 +465,9 @@ func TestDynamicWeightsRescoreErrorsStopTheStep(t *testing.T) {
 		}})
 	ctx := context.Background()
 	require.NoError(t, d.Start(ctx, "q", threePassages))
-	argmax := func(mix []float32, _ int, _ []engine.Token) (engine.Token, error) { return engine.Token(sampling.Argmax(mix)), nil }
+	argmax := func(mix []float32, _ int, _ []engine.Token) (engine.Token, error) {
+		return engine.Token(sampling.Argmax(mix)), nil
+	}
 	for range 2 {
 		toks, err := d.Step(ctx, argmax, 5)
 		require.NoError(t, err)

@@ -198,6 +198,9 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		q.Log = o.Log
 		if len(q.Methods) == 0 {
 			q.Methods = familyMethods[1:]
+			if q.Reranker != nil {
+				q.Methods = append(slices.Clone(q.Methods), methodRerank, methodDynamic)
+			}
 		}
 		ppl, windows, err := Quality(ctx, q)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/rerank"
 	"github.com/dragon-rag/dragon/retrieval"
 )
 
@@ -32,7 +33,21 @@ type QualityOptions struct {
 	Methods []string
 	Threads int
 	Log     func(format string, args ...any)
+	// Reranker, when set, measures two more methods: dragon-rerank (each
+	// side's RerankCandidates BM25 candidates re-ranked by the
+	// cross-encoder, weighted by its logits) and dragon-dynamic (those
+	// passages re-scored against the first half and the continuation so
+	// far every RescoreEvery tokens, DRAGON §4.1).
+	Reranker         *rerank.Reranker
+	RerankCandidates int
+	RescoreEvery     int
 }
+
+// The methods a Reranker adds.
+const (
+	methodRerank  = "dragon-rerank"
+	methodDynamic = "dragon-dynamic"
+)
 
 // E4's methods, as e4.csv names them.
 var qualityMethods = []string{"none", "device-only", "cloud-only", "context", "dragon"}
@@ -56,6 +71,12 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 	}
 	if len(o.Methods) == 0 {
 		o.Methods = qualityMethods
+	}
+	if (slices.Contains(o.Methods, methodRerank) || slices.Contains(o.Methods, methodDynamic)) && o.Reranker == nil {
+		return nil, 0, errors.New("experiments: E4's re-ranked methods need a re-ranker")
+	}
+	if o.RescoreEvery <= 0 {
+		o.RescoreEvery = 16
 	}
 	texts, sources, err := promptset.Windows(o.Corpus, o.Windows, o.Words)
 	if err != nil {
@@ -123,10 +144,16 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		if half[0] == "" || half[1] == "" {
 			continue
 		}
-		var hits [2][]retrieval.Hit
+		var hits, reranked [2][]retrieval.Hit
 		for i := range ix {
 			if hits[i], err = ix[i].Search(ctx, half[0], max(most, 1), retrieval.ModeBM25); err != nil {
 				return nil, 0, err
+			}
+			if o.Reranker != nil {
+				rs := &rerank.Searcher{Inner: ix[i], Reranker: o.Reranker, Candidates: o.RerankCandidates}
+				if reranked[i], err = rs.Search(ctx, half[0], max(most, 1), retrieval.ModeBM25); err != nil {
+					return nil, 0, err
+				}
 			}
 		}
 		none, n, err := nodebench.NLL(ctx, out, []string{half[0]}, []float64{0}, half[1])
@@ -160,6 +187,39 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 					return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", run.method, k, err)
 				}
 				nll[run.method][k] += x
+			}
+			if o.Reranker != nil && (measured(methodRerank) || measured(methodDynamic)) {
+				rboth := append(slices.Clone(reranked[0][:min(k, len(reranked[0]))]), reranked[1][:min(k, len(reranked[1]))]...)
+				prefixes, scores := nodebench.WithPassages(rboth, half[0])
+				if measured(methodRerank) {
+					x, _, err := nodebench.NLL(ctx, out, prefixes, scores, half[1])
+					if err != nil {
+						return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", methodRerank, k, err)
+					}
+					nll[methodRerank][k] += x
+				}
+				if measured(methodDynamic) {
+					texts := make([]string, len(rboth))
+					for i, h := range rboth {
+						texts[i] = h.Passage.Text
+					}
+					rescore := func(ctx context.Context, answer string) ([]float64, error) {
+						s, err := o.Reranker.Score(ctx, half[0]+" "+answer, texts)
+						if err != nil {
+							return nil, err
+						}
+						out := make([]float64, len(s))
+						for i, v := range s {
+							out[i] = float64(v)
+						}
+						return out, nil
+					}
+					x, _, err := nodebench.NLLDynamic(ctx, out, prefixes, scores, half[1], o.RescoreEvery, rescore)
+					if err != nil {
+						return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", methodDynamic, k, err)
+					}
+					nll[methodDynamic][k] += x
+				}
 			}
 			for _, run := range []struct {
 				method string

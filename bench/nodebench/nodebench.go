@@ -200,6 +200,58 @@ func NLL(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []fl
 	return sum, len(toks), nil
 }
 
+// NLLDynamic is NLL with dynamic weights: the prompts' scores for the
+// continuation's tokens at positions [j·every, (j+1)·every) are
+// rescore(its first j·every tokens, as text), the first chunk's the given
+// scores: the weights DRAGON's §4.1 gives each position, the continuation
+// standing in for the answer so far. Each chunk is verified in one pass.
+func NLLDynamic(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string, every int,
+	rescore func(ctx context.Context, answer string) ([]float64, error)) (float64, int, error) {
+	if every < 1 {
+		return 0, 0, fmt.Errorf("nodebench: rescoring every %d tokens", every)
+	}
+	if err := d.BeginRaw(ctx, prefixes, scores); err != nil {
+		return 0, 0, err
+	}
+	m := d.Model()
+	toks, err := m.Tokenize(" "+cont, false, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	var sum float64
+	for from := 0; from < len(toks); from += every {
+		chunk := toks[from:min(from+every, len(toks))]
+		if from > 0 {
+			detok := engine.NewDetokenizer(m)
+			var answer strings.Builder
+			for _, t := range toks[:from] {
+				answer.WriteString(detok.Add(t))
+			}
+			s, err := rescore(ctx, answer.String()+detok.Flush())
+			if err != nil {
+				return 0, 0, err
+			}
+			if err := d.SetScores(s); err != nil {
+				return 0, 0, err
+			}
+		}
+		// rows[i] is the distribution at from+i: after the chunk's
+		// previous tokens (the one before it pending from the last pass).
+		draft := chunk[:len(chunk)-1]
+		rows, err := d.Verify(ctx, draft)
+		if err != nil {
+			return 0, 0, err
+		}
+		for i, t := range chunk {
+			sum -= math.Log(max(float64(rows[i][t]), 1e-30))
+		}
+		if err := d.Commit(draft, len(draft), chunk); err != nil {
+			return 0, 0, err
+		}
+	}
+	return sum, len(toks), nil
+}
+
 // WithPassages is one prompt per passage, the passage before the text,
 // weighted by the passages' scores (the text alone when there are none).
 func WithPassages(hits []retrieval.Hit, text string) ([]string, []float64) {

@@ -38,6 +38,7 @@ func newBenchExpCmd() *cobra.Command {
 		only      string
 		// E4 as Fig. 5
 		familyModel, familyPassages string
+		familyRerank                string
 		questions                   int
 		threads                     int
 	)
@@ -121,6 +122,14 @@ first (make experiments does all of it).`,
 				}
 				defer m.Close()
 				o.FamilyOpts.Model, o.FamilyOpts.Threads = m, threads
+				if familyRerank != "" {
+					rr, closeRR, err := openReranker(familyRerank, threads)
+					if err != nil {
+						return err
+					}
+					defer closeRR()
+					o.FamilyOpts.Reranker = rr
+				}
 			}
 			o.Command = "dragon " + strings.Join(os.Args[1:], " ")
 			o.Log = func(format string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", a...) }
@@ -152,6 +161,9 @@ first (make experiments does all of it).`,
 	f.StringVar(&o.FamilyOpts.Corpus, "family-corpus", "data/corpus/wiki/articles", "E4 as Fig. 5: folder of .txt documents (make wiki's Wikipedia articles)")
 	f.StringVar(&familyPassages, "family-passages", "0,1,2,4,8,16", "E4 as Fig. 5: passages per side")
 	f.IntVar(&o.FamilyOpts.Windows, "family-windows", 16, "E4 as Fig. 5: held-out windows")
+	f.StringVar(&familyRerank, "family-rerank-model", "", "E4 as Fig. 5: also measure dragon with each side's candidates re-ranked by this cross-encoder (dragon-rerank) and with dynamic weights (dragon-dynamic)")
+	f.IntVar(&o.FamilyOpts.RerankCandidates, "family-rerank-candidates", 16, "E4 as Fig. 5, re-ranked methods: first-stage (BM25) candidates per side")
+	f.IntVar(&o.FamilyOpts.RescoreEvery, "family-rescore-every", 16, "E4 as Fig. 5, dragon-dynamic: continuation tokens between re-scorings")
 	f.IntVar(&o.FamilyOpts.Words, "family-window-words", 96, "E4 as Fig. 5: words per window")
 	f.StringVar(&o.SpecOpts.Corpus, "spec-corpus", "data/corpus", "E5: folder of the two demo corpora (sotu/, mail/) the held-out prompts come from")
 	f.IntVar(&o.SpecOpts.Prompts, "spec-prompts", 16, "E5: held-out prompts (one passage each)")
