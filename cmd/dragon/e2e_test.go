@@ -148,21 +148,31 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 	var switches uint32
 	var stale uint64
 	for i, q := range promptset.Questions[:10] {
-		req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
-			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 24}}
-		}
-		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		require.NotEmpty(t, tw.Tokens, "question %d", i)
-		assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+		dr := greedyDragonEqualsTW(t, client, dev, cld, i, q, 24)
 		switches += dr.Summary.GetAggregatorSwitches()
 		stale += dr.Summary.GetStaleDrafts()
 		t.Logf("%d: %d tokens, %d switches, %d stale drafts, acceptance %.2f/%.2f: %q", i, len(dr.Tokens),
 			dr.Summary.GetAggregatorSwitches(), dr.Summary.GetStaleDrafts(), dr.Summary.GetAcceptanceRateDevice(), dr.Summary.GetAcceptanceRateCloud(), dr.Text)
 	}
 	assert.Greater(t, switches, uint32(10), "the aggregator moved")
+}
+
+// greedyDragonEqualsTW asks question i (q) greedily in token-wise
+// synchronisation and in dragon with the aggregator moved every 3 steps,
+// checks that both emit the same tokens, and returns dragon's answer.
+func greedyDragonEqualsTW(t *testing.T, client dragonv1.DeviceServiceClient, dev, cld *aggbench.Daemon, i int, q string, maxTokens uint32) aggbench.Answer {
+	t.Helper()
+	req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
+		return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: maxTokens}}
+	}
+	tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
+	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+	dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
+	require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+	require.False(t, dr.Summary.GetFallback(), "question %d: %s", i, dr.Summary.GetFallbackReason())
+	require.NotEmpty(t, tw.Tokens, "question %d", i)
+	assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+	return dr
 }
 
 // TestCloudKilledMidAnswer: the cloud process is killed while an answer

@@ -22,16 +22,7 @@ func TestQwenPairGreedyDragonEqualsTokenWise(t *testing.T) {
 	client, dev, cld := pairOfModels(t, 15*time.Millisecond, testmodel.QwenCloudPath(t), testmodel.QwenDevicePath(t), nil, nil, nil)
 	var switches uint32
 	for i, q := range promptset.Questions[:3] {
-		req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
-			return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 12}}
-		}
-		tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
-		require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-		require.False(t, dr.Summary.GetFallback(), "question %d: %s", i, dr.Summary.GetFallbackReason())
-		require.NotEmpty(t, tw.Tokens, "question %d", i)
-		assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+		dr := greedyDragonEqualsTW(t, client, dev, cld, i, q, 12)
 		assert.Equal(t, uint32(2), dr.Summary.GetPassagesCloud())
 		switches += dr.Summary.GetAggregatorSwitches()
 		t.Logf("%d: %d tokens, %d switches, acceptance %.2f/%.2f: %q", i, len(dr.Tokens),

@@ -12,7 +12,6 @@ import (
 
 	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/internal/testmodel"
-	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
 
 // TestRerankedPairGreedyDragonEqualsTokenWise: with both sides re-ranking
@@ -26,15 +25,7 @@ func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
 			rr := append([]string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}, extra...)
 			client, dev, cld := pairWith(t, 15*time.Millisecond, rr, rr, nil)
 			for i, q := range promptset.Questions[:3] {
-				req := func(mode dragonv1.Mode, every uint32) *dragonv1.GenerateRequest {
-					return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, SwitchEvery: every, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}}
-				}
-				tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
-				require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-				dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 3))
-				require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
-				require.NotEmpty(t, tw.Tokens, "question %d", i)
-				assert.Equal(t, tw.Tokens, dr.Tokens, "question %d: %q\ntw:     %q\ndragon: %q", i, q, tw.Text, dr.Text)
+				dr := greedyDragonEqualsTW(t, client, dev, cld, i, q, 16)
 				assert.Equal(t, uint32(2), dr.Summary.GetPassagesDevice())
 				assert.Equal(t, uint32(2), dr.Summary.GetPassagesCloud())
 			}
