@@ -125,3 +125,10 @@ func TestWrite(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, recs[1:], len(familyMethods)*2)
 }
+
+func TestQualityRefusesMethodsItCannotMeasure(t *testing.T) {
+	for _, methods := range [][]string{{"dragon", "dragn"}, {methodDynamic}} {
+		_, _, err := Quality(t.Context(), QualityOptions{Methods: methods})
+		assert.Error(t, err, "%v", methods)
+	}
+}

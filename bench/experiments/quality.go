@@ -72,6 +72,11 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 	if len(o.Methods) == 0 {
 		o.Methods = qualityMethods
 	}
+	for _, m := range o.Methods {
+		if !slices.Contains([]string{"device-only", "cloud-only", "context", "cloud-context", "dragon", methodRerank, methodDynamic}, m) {
+			return nil, 0, fmt.Errorf("experiments: E4 has no method %q", m)
+		}
+	}
 	if (slices.Contains(o.Methods, methodRerank) || slices.Contains(o.Methods, methodDynamic)) && o.Reranker == nil {
 		return nil, 0, errors.New("experiments: E4's re-ranked methods need a re-ranker")
 	}

@@ -38,7 +38,7 @@ func newBenchExpCmd() *cobra.Command {
 		only      string
 		// E4 as Fig. 5
 		familyModel, familyPassages string
-		familyRerank                string
+		familyRerank, familyMethods string
 		questions                   int
 		threads                     int
 	)
@@ -122,6 +122,9 @@ first (make experiments does all of it).`,
 				}
 				defer m.Close()
 				o.FamilyOpts.Model, o.FamilyOpts.Threads = m, threads
+				if familyMethods != "" {
+					o.FamilyOpts.Methods = strings.Split(familyMethods, ",")
+				}
 				if familyRerank != "" {
 					rr, closeRR, err := openReranker(familyRerank, threads)
 					if err != nil {
@@ -162,6 +165,7 @@ first (make experiments does all of it).`,
 	f.StringVar(&familyPassages, "family-passages", "0,1,2,4,8,16", "E4 as Fig. 5: passages per side")
 	f.IntVar(&o.FamilyOpts.Windows, "family-windows", 16, "E4 as Fig. 5: held-out windows")
 	f.StringVar(&familyRerank, "family-rerank-model", "", "E4 as Fig. 5: also measure dragon with each side's candidates re-ranked by this cross-encoder (dragon-rerank) and with dynamic weights (dragon-dynamic)")
+	f.StringVar(&familyMethods, "family-methods", "", "E4 as Fig. 5: methods besides none, comma-separated (default cloud-context,context,dragon, and dragon-rerank,dragon-dynamic with --family-rerank-model)")
 	f.IntVar(&o.FamilyOpts.RerankCandidates, "family-rerank-candidates", 16, "E4 as Fig. 5, re-ranked methods: first-stage (BM25) candidates per side")
 	f.IntVar(&o.FamilyOpts.RescoreEvery, "family-rescore-every", 16, "E4 as Fig. 5, dragon-dynamic: continuation tokens between re-scorings")
 	f.IntVar(&o.FamilyOpts.Words, "family-window-words", 96, "E4 as Fig. 5: words per window")
