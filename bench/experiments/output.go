@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -204,33 +205,17 @@ func report(r Results) string {
 		pr("with %s on both sides, as the paper runs Qwen2.5-1.5B on both; the rest of the corpus split between a device and a cloud BM25 index ", q.Model)
 		pr("(alternate documents), each side retrieving for the first half. none: the model alone; cloud-context: the cloud's passages in one prompt ")
 		pr("(CRCG); context: both sides' passages in one prompt (DRCG, centralised and privacy-breaking); dragon: output aggregation over both sides' ")
-		pr("passages (DRAGON).\n\n")
+		pr("passages (DRAGON).")
+		if slices.Contains(q.methods(), methodRerank) || slices.Contains(q.methods(), methodDynamic) {
+			pr(" dragon-rerank: dragon over each side's BM25 candidates re-ranked by the cross-encoder, weighted by its logits; dragon-dynamic: ")
+			pr("those passages re-scored against the first half and the continuation so far at fixed intervals of tokens (DRAGON §4.1).")
+		}
+		pr("\n\n")
 		table("Perplexity", "lower is better", "k = ", keys, q.methods(), q.PPL)
-		pr("The paper's Figure 5 (Qwen2.5-1.5B and OPT-1.3B on WikiText, 0–16 documents per side) is a plot without a table; it says that DRAGON ")
-		pr("matches or beats every baseline at every k, that the gap widens with k, that CRCG does poorly and DRCG saturates once the text reaches ")
-		pr("the context budget, and that DRAGON's gain over the model alone is **1.9×** the second-best method's for Qwen2.5-1.5B (1.4× for OPT-1.3B).\n\n")
-		pr("| k | dragon ≤ context (DRCG) | context ≤ cloud-context (CRCG) | gain of dragon (none − ppl) | best centralised gain | ratio |\n|---|---|---|---|---|---|\n")
-		yesNo := func(b bool) string {
-			if b {
-				return "yes"
-			}
-			return "no"
+		central := slices.Contains(q.methods(), "context") && slices.Contains(q.methods(), "cloud-context")
+		if central {
+			q.orderingTable(pr, keys)
 		}
-		for _, k := range keys {
-			if k == "0" {
-				continue
-			}
-			none, dr, cx, cc := q.PPL["none"][k], q.PPL["dragon"][k], q.PPL["context"][k], q.PPL["cloud-context"][k]
-			best := max(none-cx, none-cc)
-			// A ratio of gains means something only when the best
-			// centralised method gains at all.
-			ratio := "none gains"
-			if best > 0 {
-				ratio = strconv.FormatFloat((none-dr)/best, 'f', 2, 64) + "×"
-			}
-			pr("| %s | %s | %s | %.2f | %.2f | %s |\n", k, yesNo(dr <= cx), yesNo(cx <= cc), none-dr, best, ratio)
-		}
-		pr("\n")
 	}
 	if r.Spec != nil {
 		specReport(pr, r.Spec)
@@ -238,6 +223,36 @@ func report(r Results) string {
 		pr("## E5: local speculative decoding ablation (sd.npu Table 4)\n\nNot measured yet; the earlier ablation is in BENCHMARKS.md (`dragon bench spec`).\n")
 	}
 	return b.String()
+}
+
+// orderingTable sets Figure 5's orderings and DRAGON's gain ratio at each
+// k against the centralised methods.
+func (q *QualityResults) orderingTable(pr func(string, ...any), keys []string) {
+	pr("The paper's Figure 5 (Qwen2.5-1.5B and OPT-1.3B on WikiText, 0–16 documents per side) is a plot without a table; it says that DRAGON ")
+	pr("matches or beats every baseline at every k, that the gap widens with k, that CRCG does poorly and DRCG saturates once the text reaches ")
+	pr("the context budget, and that DRAGON's gain over the model alone is **1.9×** the second-best method's for Qwen2.5-1.5B (1.4× for OPT-1.3B).\n\n")
+	pr("| k | dragon ≤ context (DRCG) | context ≤ cloud-context (CRCG) | gain of dragon (none − ppl) | best centralised gain | ratio |\n|---|---|---|---|---|---|\n")
+	yesNo := func(b bool) string {
+		if b {
+			return "yes"
+		}
+		return "no"
+	}
+	for _, k := range keys {
+		if k == "0" {
+			continue
+		}
+		none, dr, cx, cc := q.PPL["none"][k], q.PPL["dragon"][k], q.PPL["context"][k], q.PPL["cloud-context"][k]
+		best := max(none-cx, none-cc)
+		// A ratio of gains means something only when the best
+		// centralised method gains at all.
+		ratio := "none gains"
+		if best > 0 {
+			ratio = strconv.FormatFloat((none-dr)/best, 'f', 2, 64) + "×"
+		}
+		pr("| %s | %s | %s | %.2f | %.2f | %s |\n", k, yesNo(dr <= cx), yesNo(cx <= cc), none-dr, best, ratio)
+	}
+	pr("\n")
 }
 
 // paired is the median over questions of a's time per token over b's on
