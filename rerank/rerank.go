@@ -136,6 +136,19 @@ func (r *Reranker) Score(ctx context.Context, query string, passages []string) (
 	return out, nil
 }
 
+// Relevance is Score in float64: R(d, q) as document weights take it.
+func (r *Reranker) Relevance(ctx context.Context, query string, passages []string) ([]float64, error) {
+	scores, err := r.Score(ctx, query, passages)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(scores))
+	for i, s := range scores {
+		out[i] = float64(s)
+	}
+	return out, nil
+}
+
 func (r *Reranker) remember(key [32]byte, s float32) {
 	r.cache[key] = r.order.PushFront(&cached{key: key, score: s})
 	for r.order.Len() > r.cacheSize {

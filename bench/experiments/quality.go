@@ -209,15 +209,7 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 						texts[i] = h.Passage.Text
 					}
 					rescore := func(ctx context.Context, answer string) ([]float64, error) {
-						s, err := o.Reranker.Score(ctx, half[0]+" "+answer, texts)
-						if err != nil {
-							return nil, err
-						}
-						out := make([]float64, len(s))
-						for i, v := range s {
-							out[i] = float64(v)
-						}
-						return out, nil
+						return o.Reranker.Relevance(ctx, half[0]+" "+answer, texts)
 					}
 					x, _, err := nodebench.NLLDynamic(ctx, out, prefixes, scores, half[1], o.RescoreEvery, rescore)
 					if err != nil {

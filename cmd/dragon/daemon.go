@@ -426,14 +426,6 @@ func rescoreWith(r *rerank.Reranker) func(ctx context.Context, query, answer str
 		for i, p := range passages {
 			texts[i] = p.Text
 		}
-		scores, err := r.Score(ctx, strings.TrimSpace(query+" "+answer), texts)
-		if err != nil {
-			return nil, err
-		}
-		out := make([]float64, len(scores))
-		for i, s := range scores {
-			out[i] = float64(s)
-		}
-		return out, nil
+		return r.Relevance(ctx, strings.TrimSpace(query+" "+answer), texts)
 	}
 }
