@@ -102,7 +102,7 @@ func New(m engine.Model, opts Options) (*Reranker, error) {
 	return r, nil
 }
 
-// Name is the model's name, for logs and fingerprints.
+// Name is the model's name, for logs.
 func (r *Reranker) Name() string { return r.model.Info().Name }
 
 // Score returns the cross-encoder's logit of relevance for each passage to

@@ -258,11 +258,11 @@ func (m *Model) configure(shapes map[string][]int64) error {
 // (heads, head size) its Reshapes split the hidden state into.
 func heads(g *onnx.Graph, producer map[string]*onnx.Node, hidden int) (int, error) {
 	constant := func(name string) (int64, bool) {
-		p := producer[name]
-		if p == nil || p.OpType != "Constant" || p.Value == nil {
+		t := constantOf(producer, name)
+		if t == nil {
 			return 0, false
 		}
-		v, err := p.Value.Ints()
+		v, err := t.Ints()
 		if err != nil || len(v) != 1 {
 			return 0, false
 		}
@@ -285,6 +285,15 @@ func heads(g *onnx.Graph, producer map[string]*onnx.Node, hidden int) (int, erro
 	return 0, fmt.Errorf("%w: no reshape into attention heads found", ErrModel)
 }
 
+// constantOf is the value of the Constant node that produces name (nil:
+// another kind of node, or none).
+func constantOf(producer map[string]*onnx.Node, name string) *onnx.Tensor {
+	if p := producer[name]; p != nil && p.OpType == "Constant" {
+		return p.Value
+	}
+	return nil
+}
+
 // layerNormEps is the constant the decomposed LayerNorms add to the
 // variance before its square root.
 func layerNormEps(g *onnx.Graph, producer map[string]*onnx.Node) (float32, error) {
@@ -298,11 +307,11 @@ func layerNormEps(g *onnx.Graph, producer map[string]*onnx.Node) (float32, error
 			continue
 		}
 		for _, in := range add.Inputs {
-			p := producer[in]
-			if p == nil || p.OpType != "Constant" || p.Value == nil {
+			t := constantOf(producer, in)
+			if t == nil {
 				continue
 			}
-			v, err := p.Value.Floats()
+			v, err := t.Floats()
 			if err != nil || len(v) != 1 {
 				continue
 			}
