@@ -86,8 +86,8 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 }
 
 // Every row of a pass is bit for bit the row decoded alone, whatever the
-// pass size: 2 to 8 rows and 12, so 8 then 4, and later passes also read
-// the KV cache of earlier ones. On x86 both weight types take our kernels
+// pass size and thread count: 2 to 8 rows and 12, so 8 then 4, and later
+// passes also read the KV cache of earlier ones. On x86 both weight types take our kernels
 // (scripts/llama-kernels.patch): the default Q4_1 at every pass size, its
 // rows' arithmetic the same in each; Q8_0 at 2 to 8 rows (tinyBLAS at 12),
 // each row as ggml's one-row dot product.
@@ -119,9 +119,14 @@ func batchRowsEqualOneByOne(t *testing.T, m *Model) {
 		require.NoError(t, err)
 	}
 
-	for _, size := range []int{2, 3, 4, 5, 6, 8, 12} {
-		t.Run(fmt.Sprintf("rows=%d", size), func(t *testing.T) {
-			batched := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+	// Two threads split every weight matrix between them; a row's result
+	// must not depend on which thread computes it. (More threads than this
+	// VM's two cores spin at ggml's barriers for minutes.)
+	cases := []struct{ size, threads int }{{2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}, {8, 1}, {12, 1}, {1, 2}, {8, 2}}
+	for _, tc := range cases {
+		size := tc.size
+		t.Run(fmt.Sprintf("rows=%d/threads=%d", size, tc.threads), func(t *testing.T) {
+			batched := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64, Threads: tc.threads})
 			for start := 0; start < len(toks); start += size {
 				end := min(start+size, len(toks))
 				b.Reset()
