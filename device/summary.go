@@ -46,16 +46,28 @@ type SummaryJSON struct {
 	SecondChoiceCloud              uint64 `json:"second_choice_cloud"`
 	RejectedDevice                 uint64 `json:"rejected_device"`
 	RejectedCloud                  uint64 `json:"rejected_cloud"`
-	Fallback                       bool   `json:"fallback"`
-	FallbackStep                   uint32 `json:"fallback_step"`
-	FallbackReason                 string `json:"fallback_reason"`
-	PassagesRestoredDevice         uint32 `json:"passages_restored_device"`
-	PassagesRestoredCloud          uint32 `json:"passages_restored_cloud"`
+	// Per answer token: what the link costs (issue 42's counters). Up is
+	// device to cloud.
+	RejectedPerTokenDevice float64 `json:"rejected_per_token_device"`
+	RejectedPerTokenCloud  float64 `json:"rejected_per_token_cloud"`
+	BytesUpPerToken        float64 `json:"bytes_up_per_token"`
+	BytesDownPerToken      float64 `json:"bytes_down_per_token"`
+	Fallback               bool    `json:"fallback"`
+	FallbackStep           uint32  `json:"fallback_step"`
+	FallbackReason         string  `json:"fallback_reason"`
+	PassagesRestoredDevice uint32  `json:"passages_restored_device"`
+	PassagesRestoredCloud  uint32  `json:"passages_restored_cloud"`
 }
 
 // NewSummaryJSON maps s to its JSON form.
 func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
 	ms := func(d *durationpb.Duration) float64 { return float64(d.AsDuration()) / float64(time.Millisecond) }
+	perToken := func(n uint64) float64 {
+		if s.GetTokens() == 0 {
+			return 0
+		}
+		return float64(n) / float64(s.GetTokens())
+	}
 	return SummaryJSON{
 		Mode: session.ModeName(s.GetMode()), Finish: finishReasonName(s.GetFinishReason()), Tokens: s.GetTokens(),
 		TTFTMS: ms(s.GetTtft()), TokenMS: ms(s.GetTokenLatencyMean()), TokenP50MS: ms(s.GetTokenLatencyP50()),
@@ -68,6 +80,8 @@ func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
 		ForwardPassesDevice: s.GetForwardPassesDevice(), LocalDraftTokensAcceptedDevice: s.GetLocalDraftTokensAcceptedDevice(),
 		SecondChoiceDevice: s.GetSecondChoiceDevice(), SecondChoiceCloud: s.GetSecondChoiceCloud(),
 		RejectedDevice: s.GetRejectedDevice(), RejectedCloud: s.GetRejectedCloud(),
+		RejectedPerTokenDevice: perToken(s.GetRejectedDevice()), RejectedPerTokenCloud: perToken(s.GetRejectedCloud()),
+		BytesUpPerToken: perToken(s.GetBytesSent()), BytesDownPerToken: perToken(s.GetBytesReceived()),
 		Fallback: s.GetFallback(), FallbackStep: s.GetFallbackStep(), FallbackReason: s.GetFallbackReason(),
 		PassagesRestoredDevice: s.GetPassagesRestoredDevice(), PassagesRestoredCloud: s.GetPassagesRestoredCloud(),
 	}

@@ -81,6 +81,13 @@ type Result struct {
 	// dragon runs, decided on the device) whose target was the side's
 	// second most probable token: what a one-token hedge would catch.
 	SecondChoice map[string]float64 `json:"second_choice"`
+	// RejectionsPerToken is, for each side, the median over dragon answers
+	// of its rejected drafts per answer token: each costs the link a round
+	// trip unless it was hedged.
+	RejectionsPerToken map[string]float64 `json:"rejections_per_token"`
+	// BytesPerToken is the median over dragon answers of the peer stream's
+	// bytes per answer token, "up" (device to cloud) and "down".
+	BytesPerToken map[string]float64 `json:"bytes_per_token"`
 	// GreedyIdentical counts the greedy answers of speculative-aggregation
 	// modes (dragon, dragon-blind, each strategy) that equal greedy tw's
 	// for the same question and latency, out of GreedyPrompts.
@@ -144,6 +151,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		Acceptance: map[string]float64{}, Questions: len(o.Questions),
 	}
 	var accDev, accCloud, switches, tokens []float64
+	var rejDev, rejCloud, bytesUp, bytesDown []float64
 	var second, rejected [2]uint64
 	for _, lat := range o.LatencyMS {
 		key := strconv.FormatFloat(lat, 'f', -1, 64)
@@ -177,6 +185,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					rejected[0] += a.summary.GetRejectedDevice()
 					rejected[1] += a.summary.GetRejectedCloud()
 					tokens = append(tokens, float64(len(a.tokens)))
+					if n := float64(len(a.tokens)); n > 0 {
+						rejDev = append(rejDev, float64(a.summary.GetRejectedDevice())/n)
+						rejCloud = append(rejCloud, float64(a.summary.GetRejectedCloud())/n)
+						bytesUp = append(bytesUp, float64(a.summary.GetBytesSent())/n)
+						bytesDown = append(bytesDown, float64(a.summary.GetBytesReceived())/n)
+					}
 				}
 				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d  moves %d", lat, m.Name, qi, len(a.tokens), a.perToken,
 					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud(), a.summary.GetAggregatorSwitches())
@@ -220,6 +234,10 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	res.Tokens = timing.Median(tokens)
+	if len(rejDev) > 0 {
+		res.RejectionsPerToken = map[string]float64{"device": timing.Median(rejDev), "cloud": timing.Median(rejCloud)}
+		res.BytesPerToken = map[string]float64{"up": timing.Median(bytesUp), "down": timing.Median(bytesDown)}
+	}
 	return res, errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
 }
 
