@@ -148,7 +148,17 @@ type Stats struct {
 	// was the rejected side's second most probable token: those a hedge
 	// (the side's runner-up, decoded ahead) would have caught.
 	SecondChoice uint64
+	// LowProb[i] counts decided drafts whose own probability was below
+	// HedgeThresholds[i], and LowProbCaught[i] the SecondChoice rejections
+	// among them: a side that hedged only such steps would hedge
+	// LowProb / (Accepted + Rejected) of its steps and catch
+	// LowProbCaught / Rejected of its rejections.
+	LowProb, LowProbCaught [len(HedgeThresholds)]uint64
 }
+
+// HedgeThresholds are the draft probabilities Stats.LowProb is counted
+// below.
+var HedgeThresholds = [...]float32{0.2, 0.3, 0.5, 0.7}
 
 // sideState is what a Node knows of one side's drafts.
 type sideState struct {
@@ -326,6 +336,12 @@ func (n *Node) decide() []Action {
 			v.Epoch[i] = st.epoch
 			v.Accept[i] = p.draft[i].token == target
 			v.Moved[i] = p.draft[i].Meta.Moved
+			prob := p.draft[i].dist.Prob(p.draft[i].token)
+			for k, t := range HedgeThresholds {
+				if prob < t {
+					st.stats.LowProb[k]++
+				}
+			}
 			if v.Accept[i] {
 				st.stats.Accepted++
 				st.queue = st.queue[1:]
@@ -333,6 +349,11 @@ func (n *Node) decide() []Action {
 				st.stats.Rejected++
 				if secondChoice(&p.draft[i].dist, p.draft[i].token) == target {
 					st.stats.SecondChoice++
+					for k, t := range HedgeThresholds {
+						if prob < t {
+							st.stats.LowProbCaught[k]++
+						}
+					}
 				}
 				st.epoch++
 				st.expect = n.next + 1

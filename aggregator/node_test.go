@@ -258,13 +258,15 @@ func TestSideNames(t *testing.T) {
 }
 
 // TestSecondChoiceCounted: a rejection whose target is the rejected side's
-// runner-up is counted (what a one-token hedge would have caught).
+// runner-up is counted (what a one-token hedge would have caught), and so
+// are decided drafts below each hedge threshold and the caught ones among
+// them.
 func TestSecondChoiceCounted(t *testing.T) {
 	n := newNode(t, Device, Device)
 	p, err := NewProposer(Device, 1, true, 1)
 	require.NoError(t, err)
 	dist := make([]float32, vocab)
-	dist[tokB], dist[tokA], dist[tokC] = 0.5, 0.3, 0.2
+	dist[tokB], dist[tokA], dist[tokC] = 0.6, 0.3, 0.1
 	d, err := p.Propose(dist, 0, 0, 0)
 	require.NoError(t, err)
 	require.Equal(t, tokB, d.Token())
@@ -273,6 +275,9 @@ func TestSecondChoiceCounted(t *testing.T) {
 	require.Len(t, vs, 1)
 	require.Equal(t, tokA, vs[0].Target)
 	assert.Equal(t, uint64(1), n.Stats(Device).SecondChoice)
+	require.Equal(t, []float32{0.2, 0.3, 0.5, 0.7}, HedgeThresholds[:])
+	assert.Equal(t, [4]uint64{0, 0, 0, 1}, n.Stats(Device).LowProb, "a draft of probability 0.6")
+	assert.Equal(t, [4]uint64{0, 0, 0, 1}, n.Stats(Device).LowProbCaught)
 
 	d, err = p.Propose(dist, 1, 1, 0)
 	require.NoError(t, err)
@@ -280,6 +285,8 @@ func TestSecondChoiceCounted(t *testing.T) {
 	step(t, n, RemoteDrafts{Drafts: []Draft{mk(t, Cloud, 1, 0, tokC)}})
 	assert.Equal(t, uint64(2), n.Stats(Device).Rejected)
 	assert.Equal(t, uint64(1), n.Stats(Device).SecondChoice, "the third choice is not counted")
+	assert.Equal(t, [4]uint64{0, 0, 0, 2}, n.Stats(Device).LowProb)
+	assert.Equal(t, [4]uint64{0, 0, 0, 1}, n.Stats(Device).LowProbCaught, "the third choice is not caught")
 }
 
 // TestPeerDraftsAreTheUndecidedChain: the aggregating Node shows the peer's

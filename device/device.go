@@ -426,6 +426,8 @@ func (s *Server) summarize(req session.Request, sum session.Summary, text string
 		SecondChoiceDevice: sum.SecondChoice[0], SecondChoiceCloud: sum.SecondChoice[1],
 		RejectedDevice: sum.Rejected[0], RejectedCloud: sum.Rejected[1],
 		PassagesRestoredDevice: uint32(sum.Restored[0]), PassagesRestoredCloud: uint32(sum.Restored[1]),
+		LowProbDraftsDevice: sum.LowProb[0][:], LowProbDraftsCloud: sum.LowProb[1][:],
+		LowProbCaughtDevice: sum.LowProbCaught[0][:], LowProbCaughtCloud: sum.LowProbCaught[1][:],
 	}
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		out.PassagesCloud = 0

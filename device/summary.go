@@ -52,11 +52,18 @@ type SummaryJSON struct {
 	RejectedPerTokenCloud  float64 `json:"rejected_per_token_cloud"`
 	BytesUpPerToken        float64 `json:"bytes_up_per_token"`
 	BytesDownPerToken      float64 `json:"bytes_down_per_token"`
-	Fallback               bool    `json:"fallback"`
-	FallbackStep           uint32  `json:"fallback_step"`
-	FallbackReason         string  `json:"fallback_reason"`
-	PassagesRestoredDevice uint32  `json:"passages_restored_device"`
-	PassagesRestoredCloud  uint32  `json:"passages_restored_cloud"`
+	// Counts per draft-probability threshold (0.2, 0.3, 0.5, 0.7), for sizing
+	// hedges: decided drafts below it and the second-choice rejections
+	// among them.
+	LowProbDraftsDevice    []uint64 `json:"low_prob_drafts_device"`
+	LowProbDraftsCloud     []uint64 `json:"low_prob_drafts_cloud"`
+	LowProbCaughtDevice    []uint64 `json:"low_prob_caught_device"`
+	LowProbCaughtCloud     []uint64 `json:"low_prob_caught_cloud"`
+	Fallback               bool     `json:"fallback"`
+	FallbackStep           uint32   `json:"fallback_step"`
+	FallbackReason         string   `json:"fallback_reason"`
+	PassagesRestoredDevice uint32   `json:"passages_restored_device"`
+	PassagesRestoredCloud  uint32   `json:"passages_restored_cloud"`
 }
 
 // NewSummaryJSON maps s to its JSON form.
@@ -82,6 +89,8 @@ func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
 		RejectedDevice: s.GetRejectedDevice(), RejectedCloud: s.GetRejectedCloud(),
 		RejectedPerTokenDevice: perToken(s.GetRejectedDevice()), RejectedPerTokenCloud: perToken(s.GetRejectedCloud()),
 		BytesUpPerToken: perToken(s.GetBytesSent()), BytesDownPerToken: perToken(s.GetBytesReceived()),
+		LowProbDraftsDevice: s.GetLowProbDraftsDevice(), LowProbDraftsCloud: s.GetLowProbDraftsCloud(),
+		LowProbCaughtDevice: s.GetLowProbCaughtDevice(), LowProbCaughtCloud: s.GetLowProbCaughtCloud(),
 		Fallback: s.GetFallback(), FallbackStep: s.GetFallbackStep(), FallbackReason: s.GetFallbackReason(),
 		PassagesRestoredDevice: s.GetPassagesRestoredDevice(), PassagesRestoredCloud: s.GetPassagesRestoredCloud(),
 	}

@@ -161,8 +161,11 @@ type Summary struct {
 	// dropped here, steps decided on that side, and rejections decided here
 	// whose target was the side's second choice.
 	Accepted, Rejected, Stale, Aggregated, SecondChoice [2]uint64
-	Switches                                            uint64
-	BytesSent, BytesReceived                            uint64
+	// By side, as aggregator.Stats counts them: decided drafts below each
+	// of aggregator.HedgeThresholds, and their second-choice rejections.
+	LowProb, LowProbCaught   [2][len(aggregator.HedgeThresholds)]uint64
+	Switches                 uint64
+	BytesSent, BytesReceived uint64
 	// This side's forward passes, local draft tokens accepted, and passes
 	// aborted because a rejection made their drafts stale.
 	ForwardPasses int
@@ -799,6 +802,7 @@ func (r *run) fillSummary() {
 	for i, side := range aggregator.Sides {
 		st := r.node.Stats(side)
 		s.Accepted[i], s.Rejected[i], s.Stale[i], s.SecondChoice[i] = st.Accepted, st.Rejected, st.Stale, st.SecondChoice
+		s.LowProb[i], s.LowProbCaught[i] = st.LowProb, st.LowProbCaught
 	}
 	s.Switches = r.node.Handovers()
 	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received

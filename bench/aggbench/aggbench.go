@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/internal/timing"
 	"github.com/dragon-rag/dragon/netsim"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -88,6 +90,12 @@ type Result struct {
 	// BytesPerToken is the median over dragon answers of the peer stream's
 	// bytes per answer token, "up" (device to cloud) and "down".
 	BytesPerToken map[string]float64 `json:"bytes_per_token"`
+	// HedgeCurve is, for each side and each of aggregator.HedgeThresholds,
+	// over the dragon answers' steps decided on the device: the share of
+	// the side's drafts whose own probability was below the threshold
+	// (the steps a hedge there would cost) and the share of its rejections
+	// whose target was the runner-up at such a step (those it would catch).
+	HedgeCurve map[string][]HedgePoint `json:"hedge_curve,omitempty"`
 	// GreedyIdentical counts the greedy answers of speculative-aggregation
 	// modes (dragon, dragon-blind, each strategy) that equal greedy tw's
 	// for the same question and latency, out of GreedyPrompts.
@@ -152,6 +160,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	var accDev, accCloud, switches, tokens []float64
 	var rejDev, rejCloud, bytesUp, bytesDown []float64
+	var low, caught [2][len(aggregator.HedgeThresholds)]uint64
+	var deviceSteps uint64
 	var second, rejected [2]uint64
 	for _, lat := range o.LatencyMS {
 		key := strconv.FormatFloat(lat, 'f', -1, 64)
@@ -185,6 +195,13 @@ func Run(ctx context.Context, o Options) (Result, error) {
 					rejected[0] += a.summary.GetRejectedDevice()
 					rejected[1] += a.summary.GetRejectedCloud()
 					tokens = append(tokens, float64(len(a.tokens)))
+					deviceSteps += a.summary.GetStepsAggregatedDevice()
+					for k := range aggregator.HedgeThresholds {
+						low[0][k] += at(a.summary.GetLowProbDraftsDevice(), k)
+						low[1][k] += at(a.summary.GetLowProbDraftsCloud(), k)
+						caught[0][k] += at(a.summary.GetLowProbCaughtDevice(), k)
+						caught[1][k] += at(a.summary.GetLowProbCaughtCloud(), k)
+					}
 					if n := float64(len(a.tokens)); n > 0 {
 						rejDev = append(rejDev, float64(a.summary.GetRejectedDevice())/n)
 						rejCloud = append(rejCloud, float64(a.summary.GetRejectedCloud())/n)
@@ -234,11 +251,30 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		}
 	}
 	res.Tokens = timing.Median(tokens)
+	if deviceSteps > 0 {
+		res.HedgeCurve = map[string][]HedgePoint{}
+		for i, side := range []string{"device", "cloud"} {
+			for k, t := range aggregator.HedgeThresholds {
+				pt := HedgePoint{Threshold: math.Round(float64(t)*100) / 100, Hedged: float64(low[i][k]) / float64(deviceSteps)}
+				if rejected[i] > 0 {
+					pt.Caught = float64(caught[i][k]) / float64(rejected[i])
+				}
+				res.HedgeCurve[side] = append(res.HedgeCurve[side], pt)
+			}
+		}
+	}
 	if len(rejDev) > 0 {
 		res.RejectionsPerToken = map[string]float64{"device": timing.Median(rejDev), "cloud": timing.Median(rejCloud)}
 		res.BytesPerToken = map[string]float64{"up": timing.Median(bytesUp), "down": timing.Median(bytesDown)}
 	}
 	return res, errors.Join(device.Stop(10*time.Second), cloud.Stop(10*time.Second))
+}
+
+// HedgePoint is one threshold of Result.HedgeCurve.
+type HedgePoint struct {
+	Threshold float64 `json:"threshold"`
+	Hedged    float64 `json:"hedged"`
+	Caught    float64 `json:"caught"`
 }
 
 // Answer is one streamed generation.
@@ -291,4 +327,12 @@ func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, 
 		return answer{}, err
 	}
 	return answer{tokens: a.Tokens, summary: a.Summary, perToken: timing.MS(a.Summary.GetTokenLatencyMean().AsDuration())}, nil
+}
+
+// at is xs[i], or 0 past its end (a peer that does not count).
+func at(xs []uint64, i int) uint64 {
+	if i < len(xs) {
+		return xs[i]
+	}
+	return 0
 }

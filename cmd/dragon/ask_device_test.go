@@ -102,6 +102,8 @@ func TestSummaryJSONValues(t *testing.T) {
 		Trace:              &dragonv1.Trace{DecodeMsDevice: []float64{1}, AcceptDevice: []bool{true}},
 		SecondChoiceDevice: 10, SecondChoiceCloud: 11, RejectedDevice: 13, RejectedCloud: 14,
 		Fallback: true, FallbackStep: 7, FallbackReason: "cloud gone", PassagesRestoredDevice: 2, PassagesRestoredCloud: 1,
+		LowProbDraftsDevice: []uint64{1, 2, 3}, LowProbDraftsCloud: []uint64{4, 5, 6},
+		LowProbCaughtDevice: []uint64{0, 1, 2}, LowProbCaughtCloud: []uint64{1, 1, 3},
 	}
 	fields := summaryFields()
 	for i := range fields.Len() {
@@ -144,6 +146,10 @@ func TestSummaryJSONValues(t *testing.T) {
 		{"rejected_per_token_cloud", 14.0 / 12},
 		{"bytes_up_per_token", 1000.0 / 12},
 		{"bytes_down_per_token", 2000.0 / 12},
+		{"low_prob_drafts_device", []any{1.0, 2.0, 3.0}},
+		{"low_prob_drafts_cloud", []any{4.0, 5.0, 6.0}},
+		{"low_prob_caught_device", []any{0.0, 1.0, 2.0}},
+		{"low_prob_caught_cloud", []any{1.0, 1.0, 3.0}},
 		{"fallback", true},
 		{"fallback_step", 7.0},
 		{"fallback_reason", "cloud gone"},

@@ -455,8 +455,16 @@ type GenerateSummary struct {
 	// cache (in the context, host memory or disk) instead of a prefill.
 	PassagesRestoredDevice uint32 `protobuf:"varint,31,opt,name=passages_restored_device,json=passagesRestoredDevice,proto3" json:"passages_restored_device,omitempty"`
 	PassagesRestoredCloud  uint32 `protobuf:"varint,32,opt,name=passages_restored_cloud,json=passagesRestoredCloud,proto3" json:"passages_restored_cloud,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// For sizing hedges (issue 42): decided drafts of each side whose own
+	// probability was below 0.2, 0.3, 0.5 and 0.7 (one count per threshold), and
+	// the rejections among them whose target was the side's second choice:
+	// what hedging only such steps would cost and catch.
+	LowProbDraftsDevice []uint64 `protobuf:"varint,33,rep,packed,name=low_prob_drafts_device,json=lowProbDraftsDevice,proto3" json:"low_prob_drafts_device,omitempty"`
+	LowProbDraftsCloud  []uint64 `protobuf:"varint,34,rep,packed,name=low_prob_drafts_cloud,json=lowProbDraftsCloud,proto3" json:"low_prob_drafts_cloud,omitempty"`
+	LowProbCaughtDevice []uint64 `protobuf:"varint,35,rep,packed,name=low_prob_caught_device,json=lowProbCaughtDevice,proto3" json:"low_prob_caught_device,omitempty"`
+	LowProbCaughtCloud  []uint64 `protobuf:"varint,36,rep,packed,name=low_prob_caught_cloud,json=lowProbCaughtCloud,proto3" json:"low_prob_caught_cloud,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *GenerateSummary) Reset() {
@@ -711,6 +719,34 @@ func (x *GenerateSummary) GetPassagesRestoredCloud() uint32 {
 		return x.PassagesRestoredCloud
 	}
 	return 0
+}
+
+func (x *GenerateSummary) GetLowProbDraftsDevice() []uint64 {
+	if x != nil {
+		return x.LowProbDraftsDevice
+	}
+	return nil
+}
+
+func (x *GenerateSummary) GetLowProbDraftsCloud() []uint64 {
+	if x != nil {
+		return x.LowProbDraftsCloud
+	}
+	return nil
+}
+
+func (x *GenerateSummary) GetLowProbCaughtDevice() []uint64 {
+	if x != nil {
+		return x.LowProbCaughtDevice
+	}
+	return nil
+}
+
+func (x *GenerateSummary) GetLowProbCaughtCloud() []uint64 {
+	if x != nil {
+		return x.LowProbCaughtCloud
+	}
+	return nil
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1118,7 +1154,7 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xfb\v\n" +
+	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xcb\r\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1153,7 +1189,11 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\rfallback_step\x18\x1d \x01(\rR\ffallbackStep\x12'\n" +
 	"\x0ffallback_reason\x18\x1e \x01(\tR\x0efallbackReason\x128\n" +
 	"\x18passages_restored_device\x18\x1f \x01(\rR\x16passagesRestoredDevice\x126\n" +
-	"\x17passages_restored_cloud\x18  \x01(\rR\x15passagesRestoredCloud\"\xa1\x01\n" +
+	"\x17passages_restored_cloud\x18  \x01(\rR\x15passagesRestoredCloud\x123\n" +
+	"\x16low_prob_drafts_device\x18! \x03(\x04R\x13lowProbDraftsDevice\x121\n" +
+	"\x15low_prob_drafts_cloud\x18\" \x03(\x04R\x12lowProbDraftsCloud\x123\n" +
+	"\x16low_prob_caught_device\x18# \x03(\x04R\x13lowProbCaughtDevice\x121\n" +
+	"\x15low_prob_caught_cloud\x18$ \x03(\x04R\x12lowProbCaughtCloud\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
