@@ -220,9 +220,12 @@ type run struct {
 	est    *profiler.Estimator
 	decode *codec.Decoder
 
-	out       chan *dragonv1.PeerMessage
-	sent      atomic.Uint64
-	aborted   atomic.Uint64
+	out     chan *dragonv1.PeerMessage
+	sent    atomic.Uint64
+	aborted atomic.Uint64
+	// rttMicros is the round-trip estimate, for the producer's drafting
+	// depth (the estimator itself belongs to the core goroutine).
+	rttMicros atomic.Int64
 	received  uint64
 	senderErr chan error
 
@@ -779,6 +782,7 @@ func (r *run) pong(p *dragonv1.Pong) {
 	}
 	r.plainRTT = ms
 	r.est.RTT(ms)
+	r.rttMicros.Store(int64(r.est.RTTMS() * 1000))
 	r.opts.Metrics.link(time.Duration(r.est.RTTMS()*float64(time.Millisecond)), r.est.BandwidthBytesPerMS()*1000)
 }
 
@@ -815,6 +819,21 @@ func (r *run) fillSummary() {
 	s.RTT = time.Duration(r.est.RTTMS() * float64(time.Millisecond))
 }
 
+// depth is how many undecided drafts this side may have: the lookahead,
+// plus, when drafting speculatively, the drafts it makes in one round
+// trip at perTokenMS, since its drafts stay undecided for about that long
+// from its own point of view. With the lookahead alone a side drafting
+// 8 ms tokens over a 600 ms round trip stalled every 32 tokens, capping an
+// answer at 600 / 32 ms a token however few drafts were rejected (issue
+// 42).
+func (r *run) depth(perTokenMS float64) int {
+	d := r.opts.Lookahead
+	if d > 1 && perTokenMS > 0 {
+		d += int(math.Ceil(float64(r.rttMicros.Load()) / 1000 / perTokenMS))
+	}
+	return d
+}
+
 // produce runs the decoder: prefill, then drafts as fast as the decoder
 // makes them, within the lookahead, until stopped. A rollback request
 // aborts the pass in flight and rewinds the decoder to the decided answer.
@@ -835,6 +854,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		epoch     uint32
 		paused    bool // drafted the end token: wait for its verdict
 		proposals = map[int]aggregator.Draft{}
+		perToken  = profiler.EWMA{Weight: 0.1} // this side's decoding, ms a token
 	)
 	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft) { proposals[pos] = d }, true)
 	for {
@@ -842,7 +862,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		r.mu.Lock()
 		var limit int
 		for {
-			limit = min(int(r.decided)+r.opts.Lookahead-int(next), r.opts.MaxTokens-int(next))
+			limit = min(int(r.decided)+r.depth(perToken.Value())-int(next), r.opts.MaxTokens-int(next))
 			if r.stopped || r.pending != nil || (!paused && limit > 0) {
 				break
 			}
@@ -892,6 +912,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 			return err
 		}
 		per := time.Since(start) / time.Duration(len(toks))
+		perToken.Add(float64(per.Microseconds()) / 1000)
 		longest := 0
 		for i := range r.dec.Seqs() {
 			longest = max(longest, len(r.dec.Prompt(i)))

@@ -522,3 +522,28 @@ func TestFallbackSaysWhyTheCloudEndedTheStream(t *testing.T) {
 	assert.Equal(t, codes.Unavailable, status.Code(why), "the fallback reason: %v", why)
 	assert.Contains(t, why.Error(), "retrieval failed")
 }
+
+// TestDraftingDepthCoversTheRoundTrip: a speculative side may draft one
+// round trip's worth of tokens beyond its lookahead; token-wise (lookahead
+// 1) stays at one, and without a decoding estimate the lookahead holds.
+func TestDraftingDepthCoversTheRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		lookahead  int
+		rttMS      float64
+		perTokenMS float64
+		want       int
+	}{
+		{"no link yet", 32, 0, 8, 32},
+		{"no decoding estimate", 32, 600, 0, 32},
+		{"300 ms one way, 8 ms tokens", 32, 600, 8, 32 + 75},
+		{"a part token rounds up", 32, 100, 30, 32 + 4},
+		{"token-wise", 1, 600, 8, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := &run{opts: Options{Lookahead: c.lookahead}}
+			r.rttMicros.Store(int64(c.rttMS * 1000))
+			assert.Equal(t, c.want, r.depth(c.perTokenMS))
+		})
+	}
+}
