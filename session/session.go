@@ -825,11 +825,21 @@ func (r *run) fillSummary() {
 // from its own point of view. With the lookahead alone a side drafting
 // 8 ms tokens over a 600 ms round trip stalled every 32 tokens, capping an
 // answer at 600 / 32 ms a token however few drafts were rejected (issue
-// 42).
+// 42). Until the first ping comes back (one round trip after the start,
+// when the first 32 drafts are long made) the round trip is unknown, and
+// the side may draft 4 lookaheads ahead: the pong then arrives before
+// that runs out wherever a round trip is under 96 of its tokens.
 func (r *run) depth(perTokenMS float64) int {
 	d := r.opts.Lookahead
-	if d > 1 && perTokenMS > 0 {
-		d += int(math.Ceil(float64(r.rttMicros.Load()) / 1000 / perTokenMS))
+	if d <= 1 {
+		return d
+	}
+	rtt := r.rttMicros.Load()
+	if rtt == 0 {
+		return 4 * d
+	}
+	if perTokenMS > 0 {
+		d += int(math.Ceil(float64(rtt) / 1000 / perTokenMS))
 	}
 	return d
 }

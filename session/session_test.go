@@ -524,8 +524,9 @@ func TestFallbackSaysWhyTheCloudEndedTheStream(t *testing.T) {
 }
 
 // TestDraftingDepthCoversTheRoundTrip: a speculative side may draft one
-// round trip's worth of tokens beyond its lookahead; token-wise (lookahead
-// 1) stays at one, and without a decoding estimate the lookahead holds.
+// round trip's worth of tokens beyond its lookahead, and 4 lookaheads
+// before the first round trip is measured; token-wise (lookahead 1) stays
+// at one, and without a decoding estimate the lookahead holds.
 func TestDraftingDepthCoversTheRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		name       string
@@ -534,11 +535,12 @@ func TestDraftingDepthCoversTheRoundTrip(t *testing.T) {
 		perTokenMS float64
 		want       int
 	}{
-		{"no link yet", 32, 0, 8, 32},
+		{"no round trip measured yet", 32, 0, 8, 4 * 32},
 		{"no decoding estimate", 32, 600, 0, 32},
 		{"300 ms one way, 8 ms tokens", 32, 600, 8, 32 + 75},
 		{"a part token rounds up", 32, 100, 30, 32 + 4},
 		{"token-wise", 1, 600, 8, 1},
+		{"token-wise before the first round trip", 1, 0, 8, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := &run{opts: Options{Lookahead: c.lookahead}}
