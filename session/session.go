@@ -65,7 +65,8 @@ type Options struct {
 	// SwitchEvery > 0 moves the aggregator every that many steps instead
 	// of asking the scheduler.
 	SwitchEvery int
-	// Lookahead is how many undecided drafts this side may have (0: 32).
+	// Lookahead is how many undecided drafts this side may have beyond
+	// those it drafts in one round trip (0: 32; see run.depth).
 	Lookahead int
 	// PingEvery is the RTT probe period (0: 200 ms).
 	PingEvery time.Duration
