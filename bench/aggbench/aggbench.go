@@ -329,7 +329,7 @@ func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, 
 	return answer{tokens: a.Tokens, summary: a.Summary, perToken: timing.MS(a.Summary.GetTokenLatencyMean().AsDuration())}, nil
 }
 
-// at is xs[i], or 0 past its end (a peer that does not count).
+// at is xs[i], or 0 past its end (a device too old to count these).
 func at(xs []uint64, i int) uint64 {
 	if i < len(xs) {
 		return xs[i]
