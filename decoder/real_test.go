@@ -73,10 +73,12 @@ func TestRealSpeculativeGreedyIsPlainGreedy(t *testing.T) {
 // (the root row, one row of a many-row pass here but a one-row pass in
 // plain decoding, differs by up to 0.01 in probability; DESIGN-NOTES).
 // With one passage the rows agree to within 2.2e-4 in probability when
-// measured: a branch's cells lie among the other branches', and
-// llama.cpp's attention sums over the unified buffer in cell order (up to
-// 0.018 in engine's TestUnifiedLayoutsKeepLogitsClose), so this test holds
-// them to 0.02, below what a wrong path or mask moves (0.23 there).
+// measured on one build, but up to 0.027 on another (the native AVX-512
+// build with issue 42's Q4_1 kernel, on a Zen 5 VM): a branch's cells lie
+// among the other branches', and llama.cpp's attention sums over the
+// unified buffer in cell order (up to 0.018 in engine's
+// TestUnifiedLayoutsKeepLogitsClose), so this test holds them to 0.04,
+// well below what a wrong path or mask moves (0.23 there).
 // One passage keeps it short; the fake-backend tests cover several
 // passages exactly.
 func TestRealTreeRowsAndCommits(t *testing.T) {
@@ -111,7 +113,7 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 	tree.Finish()
 	require.Len(t, tree.Leaves, 3)
 	corr := tok(" not")
-	const n, rowTolerance = 1, 0.02 // passages; see above
+	const n, rowTolerance = 1, 0.04 // passages; see above
 	prompts, err := promptset.BuiltIn(testmodel.CorpusDir(t), 4, n)
 	require.NoError(t, err)
 	for _, p := range prompts {
