@@ -336,10 +336,14 @@ func (n *Node) decide() []Action {
 			v.Epoch[i] = st.epoch
 			v.Accept[i] = p.draft[i].token == target
 			v.Moved[i] = p.draft[i].Meta.Moved
+			caught := !v.Accept[i] && secondChoice(&p.draft[i].dist, p.draft[i].token) == target
 			prob := p.draft[i].dist.Prob(p.draft[i].token)
 			for k, t := range HedgeThresholds {
 				if prob < t {
 					st.stats.LowProb[k]++
+					if caught {
+						st.stats.LowProbCaught[k]++
+					}
 				}
 			}
 			if v.Accept[i] {
@@ -347,13 +351,8 @@ func (n *Node) decide() []Action {
 				st.queue = st.queue[1:]
 			} else {
 				st.stats.Rejected++
-				if secondChoice(&p.draft[i].dist, p.draft[i].token) == target {
+				if caught {
 					st.stats.SecondChoice++
-					for k, t := range HedgeThresholds {
-						if prob < t {
-							st.stats.LowProbCaught[k]++
-						}
-					}
 				}
 				st.epoch++
 				st.expect = n.next + 1

@@ -783,8 +783,9 @@ func (r *run) pong(p *dragonv1.Pong) {
 	}
 	r.plainRTT = ms
 	r.est.RTT(ms)
-	r.rttMicros.Store(int64(r.est.RTTMS() * 1000))
-	r.opts.Metrics.link(time.Duration(r.est.RTTMS()*float64(time.Millisecond)), r.est.BandwidthBytesPerMS()*1000)
+	rtt := r.est.RTTMS()
+	r.rttMicros.Store(int64(rtt * 1000))
+	r.opts.Metrics.link(time.Duration(rtt*float64(time.Millisecond)), r.est.BandwidthBytesPerMS()*1000)
 }
 
 func (r *run) signal() {
