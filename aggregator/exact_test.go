@@ -75,12 +75,16 @@ type exactCase struct {
 	maxBurst   int
 	lookahead  int
 	switchProb float64
+	// share: Config.Share, so the side that does not aggregate decides
+	// the steps it holds both drafts of itself.
+	share bool
 }
 
 var exactCases = []exactCase{
-	{"one draft at a time", 1, 1, 0},
-	{"bursts", 4, 8, 0},
-	{"bursts and handovers", 4, 8, 0.2},
+	{"one draft at a time", 1, 1, 0, false},
+	{"bursts", 4, 8, 0, false},
+	{"bursts and handovers", 4, 8, 0.2, false},
+	{"bursts, handovers and shared drafts", 4, 8, 0.2, true},
 }
 
 // TestSpeculativeAggregationIsExact runs ≥ 20,000 aggregations per case on
@@ -94,7 +98,7 @@ func TestSpeculativeAggregationIsExact(t *testing.T) {
 				w := newWorld(t, worldConfig{
 					seed: uint64(1000*eta) + uint64(i), topP: 1, dist: dist, logMass: logMass(eta),
 					maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
-					first: Device, steps: steps,
+					first: Device, steps: steps, share: c.share,
 				})
 				w.run()
 				targets := w.agreed()
@@ -106,6 +110,10 @@ func TestSpeculativeAggregationIsExact(t *testing.T) {
 				assert.Positive(t, st.Rejected, "the distributions disagree")
 				if c.switchProb > 0 {
 					assert.Greater(t, w.switches, 100, "the aggregator moved")
+				}
+				if c.share {
+					t.Logf("%d steps decided by both Nodes", w.redecided)
+					assert.Greater(t, w.redecided, steps/20, "the side that does not aggregate decided steps itself")
 				}
 			})
 		}
@@ -196,7 +204,7 @@ func TestSpeculativeAggregationIsExactWithDynamicWeights(t *testing.T) {
 			w := newWorld(t, worldConfig{
 				seed: 77 + uint64(i), topP: 1, dist: dist, rescoreEvery: every, rescore: rescore,
 				maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
-				first: Cloud, steps: 20000,
+				first: Cloud, steps: 20000, share: c.share,
 			})
 			w.run()
 			targets := w.agreed()

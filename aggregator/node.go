@@ -25,8 +25,10 @@ type Config struct {
 	// Share has the aggregating side send its own undecided drafts too, so
 	// that the other side keeps the aggregator's chain as well and each
 	// side sees the peer's drafts (PeerDrafts) whoever aggregates: for
-	// greedy drafts beside them (Proposer.ProposeBeside). Both sides must
-	// agree.
+	// greedy drafts beside them (Proposer.ProposeBeside), and so that the
+	// side that does not aggregate decides every step it holds both drafts
+	// of itself, by the aggregator's rule, instead of waiting a round trip
+	// for the verdict (which must then agree). Both sides must agree.
 	Share bool
 }
 
@@ -182,6 +184,12 @@ type Node struct {
 	sides       [2]sideState
 	done        bool
 	handovers   uint64
+	// early counts the steps follow decided.
+	early uint64
+	// unconfirmed are the steps this Node decided while not aggregating
+	// (Config.Share) whose verdicts have not arrived yet, in step order,
+	// ending at next.
+	unconfirmed []Verdict
 	// rule decides a step; tests replace it with broken rules to check that
 	// the exactness test can fail.
 	rule func(p pair, greedy bool, seed, step uint64) int32
@@ -219,6 +227,10 @@ func (n *Node) Handovers() uint64 { return n.handovers }
 func (n *Node) PeerDrafts() []Draft {
 	return slices.Clone(n.sides[n.cfg.Self.Other().Index()].queue)
 }
+
+// Early is how many steps this Node decided without aggregating, on both
+// drafts shared with it, before their verdicts came (Config.Share).
+func (n *Node) Early() uint64 { return n.early }
 
 // Done reports whether the generation is over.
 func (n *Node) Done() bool { return n.done }
@@ -267,7 +279,10 @@ func (n *Node) admit(side Side, d *Draft) (bool, error) {
 
 func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 	if side != n.cfg.Self && !n.aggregating {
-		return nil, n.shadow(drafts)
+		if err := n.shadow(drafts); err != nil {
+			return nil, err
+		}
+		return n.follow(), nil
 	}
 	s := &n.sides[side.Index()]
 	var fresh []Draft
@@ -285,10 +300,11 @@ func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 		return nil, nil
 	}
 	if !n.aggregating {
-		if len(fresh) == 0 {
-			return nil, nil
+		var acts []Action
+		if len(fresh) > 0 {
+			acts = append(acts, SendDrafts{Drafts: fresh})
 		}
-		return []Action{SendDrafts{Drafts: fresh}}, nil
+		return append(acts, n.follow()...), nil
 	}
 	acts := n.decide()
 	if side == n.cfg.Self && n.cfg.Share && !n.done {
@@ -325,17 +341,72 @@ func (n *Node) shadow(drafts []Draft) error {
 func (n *Node) decide() []Action {
 	var acts []Action
 	var sent []Verdict
+	for n.ready() {
+		v, rollback := n.decideNext(true)
+		sent = append(sent, v)
+		acts = append(acts, Decided{Verdict: v})
+		if rollback != nil {
+			acts = append(acts, rollback)
+		}
+	}
+	if len(sent) > 0 {
+		acts = append([]Action{SendVerdicts{Verdicts: sent}}, acts...)
+	}
+	if n.done {
+		acts = append(acts, Done{Steps: n.next})
+	}
+	return acts
+}
+
+// follow decides, on the side that does not aggregate, every step for
+// which it holds its own draft and the aggregator's shared one. The rule
+// and its inputs are the aggregator's, so this is the verdict the
+// aggregator sends: a draft of this side that it rejects is rolled back
+// as soon as the aggregator's draft of the step arrives, a round trip
+// before the verdict would have come back. The verdicts confirm these
+// steps (stepVerdicts) or, after a handover, this side sends them.
+func (n *Node) follow() []Action {
+	if !n.cfg.Share || n.aggregating {
+		return nil
+	}
+	var acts []Action
+	for n.ready() {
+		v, rollback := n.decideNext(false)
+		n.early++
+		n.unconfirmed = append(n.unconfirmed, v)
+		acts = append(acts, Decided{Verdict: v})
+		if rollback != nil {
+			acts = append(acts, rollback)
+		}
+		if n.done {
+			acts = append(acts, Done{Steps: n.next})
+		}
+	}
+	return acts
+}
+
+// ready reports whether the next step can be decided here: both queues
+// hold a draft of it.
+func (n *Node) ready() bool {
+	return !n.done && len(n.sides[Device.Index()].queue) > 0 && len(n.sides[Cloud.Index()].queue) > 0
+}
+
+// decideNext decides step next from the heads of both queues, applies it
+// (epochs, queues, counters; hedge counters where counted, on the
+// aggregating Node) and returns the verdict and this side's rollback, if
+// its draft was rejected.
+func (n *Node) decideNext(countHedges bool) (Verdict, Action) {
 	dev, cld := &n.sides[Device.Index()], &n.sides[Cloud.Index()]
-	for !n.done && len(dev.queue) > 0 && len(cld.queue) > 0 {
-		p := newPair(&dev.queue[0], &cld.queue[0])
-		target := n.rule(p, n.cfg.Greedy, n.cfg.Seed, n.next)
-		v := Verdict{Step: n.next, Target: target, Expected: p.expectedAcceptance(n.cfg.Greedy)}
-		var rollback Action
-		for i, side := range Sides {
-			st := &n.sides[i]
-			v.Epoch[i] = st.epoch
-			v.Accept[i] = p.draft[i].token == target
-			v.Moved[i] = p.draft[i].Meta.Moved
+	p := newPair(&dev.queue[0], &cld.queue[0])
+	target := n.rule(p, n.cfg.Greedy, n.cfg.Seed, n.next)
+	v := Verdict{Step: n.next, Target: target, Expected: p.expectedAcceptance(n.cfg.Greedy)}
+	var rollback Action
+	for i, side := range Sides {
+		st := &n.sides[i]
+		v.Epoch[i] = st.epoch
+		v.Accept[i] = p.draft[i].token == target
+		v.Moved[i] = p.draft[i].Meta.Moved
+		if countHedges {
 			caught := !v.Accept[i] && secondChoice(&p.draft[i].dist, p.draft[i].token) == target
 			prob := p.draft[i].dist.Prob(p.draft[i].token)
 			for k, t := range HedgeThresholds {
@@ -346,37 +417,26 @@ func (n *Node) decide() []Action {
 					}
 				}
 			}
-			if v.Accept[i] {
-				st.stats.Accepted++
-				st.queue = st.queue[1:]
-			} else {
-				st.stats.Rejected++
-				if caught {
-					st.stats.SecondChoice++
-				}
-				st.epoch++
-				st.expect = n.next + 1
-				st.queue = st.queue[:0]
-				if side == n.cfg.Self {
-					rollback = Rollback{Step: n.next, Target: target, Epoch: st.epoch}
-				}
+			if caught {
+				st.stats.SecondChoice++
 			}
-			v.NextEpoch[i] = st.epoch
 		}
-		sent = append(sent, v)
-		acts = append(acts, Decided{Verdict: v})
-		if rollback != nil {
-			acts = append(acts, rollback)
+		if v.Accept[i] {
+			st.stats.Accepted++
+			st.queue = st.queue[1:]
+		} else {
+			st.stats.Rejected++
+			st.epoch++
+			st.expect = n.next + 1
+			st.queue = st.queue[:0]
+			if side == n.cfg.Self {
+				rollback = Rollback{Step: n.next, Target: target, Epoch: st.epoch}
+			}
 		}
-		n.advance(target)
+		v.NextEpoch[i] = st.epoch
 	}
-	if len(sent) > 0 {
-		acts = append([]Action{SendVerdicts{Verdicts: sent}}, acts...)
-	}
-	if n.done {
-		acts = append(acts, Done{Steps: n.next})
-	}
-	return acts
+	n.advance(target)
+	return v, rollback
 }
 
 // advance moves past a decided step and notes the end of the generation.
@@ -400,6 +460,12 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 	for _, v := range vs {
 		if n.done {
 			break // steps decided past the end, in the same batch
+		}
+		if len(n.unconfirmed) > 0 {
+			if err := n.confirm(v); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if v.Step != n.next {
 			return nil, fmt.Errorf("%w: verdict for step %d, expected step %d", ErrProtocol, v.Step, n.next)
@@ -446,8 +512,24 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 	}
 	if n.done {
 		acts = append(acts, Done{Steps: n.next})
+		return acts, nil
 	}
-	return acts, nil
+	return append(acts, n.follow()...), nil
+}
+
+// confirm checks the aggregator's verdict on a step this side decided
+// itself: the two must agree on everything the rule decided.
+func (n *Node) confirm(v Verdict) error {
+	u := n.unconfirmed[0]
+	if v.Step != u.Step {
+		return fmt.Errorf("%w: verdict for step %d, expected step %d", ErrProtocol, v.Step, u.Step)
+	}
+	if v.Target != u.Target || v.Accept != u.Accept || v.Epoch != u.Epoch || v.NextEpoch != u.NextEpoch {
+		return fmt.Errorf("%w: verdict for step %d (target %d, accept %v, epochs %v to %v) contradicts this side's own decision (target %d, accept %v, epochs %v to %v)",
+			ErrProtocol, v.Step, v.Target, v.Accept, v.Epoch, v.NextEpoch, u.Target, u.Accept, u.Epoch, u.NextEpoch)
+	}
+	n.unconfirmed = n.unconfirmed[1:]
+	return nil
 }
 
 // checkVerdictEpochs checks a verdict against side's epoch as this Node
@@ -470,33 +552,66 @@ func (n *Node) stepHandover(h Handover) ([]Action, error) {
 	if n.aggregating {
 		return nil, fmt.Errorf("%w: handover to a side that already aggregates", ErrProtocol)
 	}
-	if h.NextStep != n.next {
-		return nil, fmt.Errorf("%w: handover at step %d, but this side has decided up to step %d", ErrProtocol, h.NextStep, n.next)
-	}
+	// Every verdict the peer sent came before its handover, so the steps
+	// this side decided itself and the peer did not are exactly those from
+	// h.NextStep on; their epochs are the handover's.
+	at := n.next
 	self, other := n.cfg.Self.Index(), n.cfg.Self.Other().Index()
-	if h.Epochs[self] != n.sides[self].epoch {
-		return nil, fmt.Errorf("%w: handover gives this side epoch %d, current is %d", ErrProtocol, h.Epochs[self], n.sides[self].epoch)
+	epochs := [2]uint32{n.sides[0].epoch, n.sides[1].epoch}
+	if len(n.unconfirmed) > 0 {
+		at, epochs = n.unconfirmed[0].Step, n.unconfirmed[0].Epoch
+	}
+	if h.NextStep != at {
+		return nil, fmt.Errorf("%w: handover at step %d, but this side has decided up to step %d", ErrProtocol, h.NextStep, at)
+	}
+	if h.Epochs[self] != epochs[self] {
+		return nil, fmt.Errorf("%w: handover gives this side epoch %d, current is %d", ErrProtocol, h.Epochs[self], epochs[self])
+	}
+	if len(n.unconfirmed) > 0 && h.Epochs[other] != epochs[other] {
+		return nil, fmt.Errorf("%w: handover gives the peer epoch %d, this side decided step %d with its epoch %d", ErrProtocol, h.Epochs[other], at, epochs[other])
+	}
+	for i, d := range h.Queue {
+		if d.side != n.cfg.Self.Other() || d.epoch != h.Epochs[other] || d.step != h.NextStep+uint64(i) {
+			return nil, fmt.Errorf("%w: handover queue entry %d is %v, want %v step %d epoch %d",
+				ErrProtocol, i, &d, n.cfg.Self.Other(), h.NextStep+uint64(i), h.Epochs[other])
+		}
 	}
 	peer := &n.sides[other]
-	peer.epoch = h.Epochs[other]
-	peer.expect = h.NextStep + uint64(len(h.Queue))
-	peer.queue = peer.queue[:0]
-	for i, d := range h.Queue {
-		if d.side != n.cfg.Self.Other() || d.epoch != peer.epoch || d.step != h.NextStep+uint64(i) {
-			return nil, fmt.Errorf("%w: handover queue entry %d is %v, want %v step %d epoch %d",
-				ErrProtocol, i, &d, n.cfg.Self.Other(), h.NextStep+uint64(i), peer.epoch)
+	switch {
+	case len(n.unconfirmed) == 0:
+		peer.epoch = h.Epochs[other]
+		peer.expect = h.NextStep + uint64(len(h.Queue))
+		peer.queue = append(peer.queue[:0], h.Queue...)
+	case peer.epoch == h.Epochs[other]:
+		// This side decided steps h.NextStep.. on the peer's shared drafts,
+		// which the queue holds too: keep the rest of its chain.
+		decided := int(n.next - h.NextStep)
+		if decided > len(h.Queue) {
+			return nil, fmt.Errorf("%w: handover queue ends at step %d, but this side decided up to step %d on the peer's drafts",
+				ErrProtocol, h.NextStep+uint64(len(h.Queue)), n.next)
 		}
-		peer.queue = append(peer.queue, d)
+		peer.expect = h.NextStep + uint64(len(h.Queue))
+		peer.queue = append(peer.queue[:0], h.Queue[decided:]...)
+	default:
+		// This side rejected a draft of the peer's since: the queue is
+		// stale, and the peer drafts anew from the step after it.
+		peer.queue = peer.queue[:0]
 	}
 	if q := n.sides[self].queue; len(q) > 0 && q[0].step != n.next {
 		return nil, fmt.Errorf("aggregator: internal error: own queue starts at step %d, next is %d", q[0].step, n.next)
 	}
 	n.aggregating = true
 	n.handovers++
-	if n.done {
-		return nil, nil
+	var acts []Action
+	if len(n.unconfirmed) > 0 {
+		// The peer learns of these steps from this side now.
+		acts = append(acts, SendVerdicts{Verdicts: n.unconfirmed})
+		n.unconfirmed = nil
 	}
-	return n.decide(), nil
+	if n.done {
+		return acts, nil
+	}
+	return append(acts, n.decide()...), nil
 }
 
 func (n *Node) stepSwitch() []Action {

@@ -325,3 +325,111 @@ func TestPeerDraftsAreTheUndecidedChain(t *testing.T) {
 
 	assert.Empty(t, newNode(t, Cloud, Device).PeerDrafts(), "only the aggregator sees the peer's drafts")
 }
+
+// TestFollowerDecidesWhatItHoldsBothDraftsOf: with shared drafts, the
+// cloud (not aggregating) decides a step as soon as it holds the device's
+// draft of it, rolls its own rejected draft back then, and takes the
+// device's verdict, when it comes, as a confirmation; a verdict that
+// disagrees is a protocol error.
+func TestFollowerDecidesWhatItHoldsBothDraftsOf(t *testing.T) {
+	cfg := func(self Side) Config {
+		return Config{Self: self, Aggregator: Device, Greedy: true, Share: true, MaxSteps: 100}
+	}
+	agg, err := New(cfg(Device))
+	require.NoError(t, err)
+	fol, err := New(cfg(Cloud))
+	require.NoError(t, err)
+	// The device's drafts outweigh the cloud's where they disagree.
+	p, err := NewProposer(Device, 1, true, 1)
+	require.NoError(t, err)
+	dev := func(s uint64, tok int32) Draft {
+		d, err := p.Propose(oneHot(tok), s, 0, 50)
+		require.NoError(t, err)
+		return d
+	}
+	c0, c1 := mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB)
+	d0, d1 := dev(0, tokA), dev(1, tokC)
+
+	acts := step(t, agg, LocalDrafts{Drafts: []Draft{d0, d1}})
+	require.Equal(t, []Action{SendDrafts{Drafts: []Draft{d0, d1}}}, acts, "the aggregator shares its undecided drafts")
+	acts = step(t, fol, LocalDrafts{Drafts: []Draft{c0, c1}})
+	require.Equal(t, []Action{SendDrafts{Drafts: []Draft{c0, c1}}}, acts)
+
+	// The device's drafts reach the cloud before the verdicts exist.
+	acts = step(t, fol, RemoteDrafts{Drafts: []Draft{d0, d1}})
+	require.Len(t, acts, 3)
+	assert.Equal(t, tokA, acts[0].(Decided).Verdict.Target)
+	assert.Equal(t, tokC, acts[1].(Decided).Verdict.Target, "the device's C outweighs the cloud's B")
+	assert.Equal(t, Rollback{Step: 1, Target: tokC, Epoch: 1}, acts[2], "the cloud rolls back without waiting for the verdict")
+	assert.Equal(t, uint64(2), fol.NextStep())
+	assert.Equal(t, uint32(1), fol.Epoch(Cloud))
+
+	// Its next draft carries the new epoch, and the aggregator, which has
+	// decided step 1 by then, takes it.
+	c2 := mk(t, Cloud, 2, 1, tokA)
+	acts = step(t, fol, LocalDrafts{Drafts: []Draft{c2}})
+	require.Equal(t, []Action{SendDrafts{Drafts: []Draft{c2}}}, acts)
+	vs := verdictsOf(step(t, agg, RemoteDrafts{Drafts: []Draft{c0, c1}}))
+	require.Len(t, vs, 2)
+	step(t, agg, RemoteDrafts{Drafts: []Draft{c2}})
+
+	bad := vs[1]
+	bad.Target = tokB
+	_, err = fol.Step(RemoteVerdicts{Verdicts: []Verdict{vs[0], bad}})
+	require.ErrorIs(t, err, ErrProtocol)
+	assert.ErrorContains(t, err, "contradicts this side's own decision")
+
+	fol, err = New(cfg(Cloud))
+	require.NoError(t, err)
+	step(t, fol, LocalDrafts{Drafts: []Draft{c0, c1}})
+	step(t, fol, RemoteDrafts{Drafts: []Draft{d0, d1}})
+	acts = step(t, fol, RemoteVerdicts{Verdicts: vs})
+	assert.Empty(t, acts, "the verdicts confirm what the cloud decided")
+	assert.Equal(t, uint64(2), fol.NextStep())
+	st := fol.Stats(Cloud)
+	assert.Equal(t, [2]uint64{1, 1}, [2]uint64{st.Accepted, st.Rejected}, "each step counted once")
+}
+
+// TestHandoverToAFollowerThatDecidedAhead: the cloud decided steps the
+// device had not when the device hands the aggregator over; the cloud
+// sends their verdicts, and the device takes them as its peer's.
+func TestHandoverToAFollowerThatDecidedAhead(t *testing.T) {
+	cfg := func(self Side) Config {
+		return Config{Self: self, Aggregator: Device, Greedy: true, Share: true, MaxSteps: 100}
+	}
+	agg, err := New(cfg(Device))
+	require.NoError(t, err)
+	fol, err := New(cfg(Cloud))
+	require.NoError(t, err)
+	d0, d1 := mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, tokA)
+	c0, c1 := mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB)
+	step(t, agg, LocalDrafts{Drafts: []Draft{d0, d1}})
+	step(t, fol, LocalDrafts{Drafts: []Draft{c0, c1}})
+	acts := step(t, fol, RemoteDrafts{Drafts: []Draft{d0, d1}})
+	require.Len(t, acts, 2, "both steps decided on the cloud; the cloud's B wins step 1")
+
+	// The device hands over before the cloud's drafts reach it.
+	acts = step(t, agg, SwitchRequest{})
+	require.Len(t, acts, 1)
+	h := acts[0].(SendHandover).Handover
+	require.Equal(t, uint64(0), h.NextStep)
+
+	bad := h
+	bad.Epochs[Device.Index()] = 3
+	_, err = fol.Step(RemoteHandover{Handover: bad})
+	assert.ErrorContains(t, err, "gives the peer epoch 3")
+
+	acts = step(t, fol, RemoteHandover{Handover: h})
+	require.True(t, fol.Aggregating())
+	vs := verdictsOf(acts)
+	require.Len(t, vs, 2, "the cloud sends the steps it decided")
+	assert.Equal(t, [2]bool{false, true}, vs[1].Accept)
+
+	// The device, now following, holds the cloud's drafts (in flight) and
+	// the verdicts: whichever way they arrive, it agrees.
+	acts = step(t, agg, RemoteDrafts{Drafts: []Draft{c0, c1}})
+	require.Len(t, acts, 3, "decided both steps itself, and rolled its draft of step 1 back")
+	assert.Equal(t, Rollback{Step: 1, Target: tokB, Epoch: 1}, acts[2])
+	assert.Empty(t, step(t, agg, RemoteVerdicts{Verdicts: vs}))
+	assert.Equal(t, uint64(2), agg.NextStep())
+}

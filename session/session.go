@@ -78,9 +78,10 @@ type Options struct {
 	Prefilled bool
 	// Record keeps a trace of decoding times and acceptance.
 	Record bool
-	// Blind makes greedy drafts ignore the peer's drafts at hand and keeps
-	// the aggregating side's drafts to itself, as DRAGON does (what drafting
-	// beside them is worth is measured against it).
+	// Blind keeps the aggregating side's drafts to itself, as DRAGON does:
+	// no greedy draft is made beside the peer's, and the side that does not
+	// aggregate waits for the verdicts (what sharing is worth is measured
+	// against it).
 	Blind bool
 	// Fallback (owner only): when the peer fails (the stream breaks, the
 	// peer errs or sends garbage, or no step is decided for StallTimeout),
@@ -164,8 +165,11 @@ type Summary struct {
 	Accepted, Rejected, Stale, Aggregated, SecondChoice [2]uint64
 	// By side, as aggregator.Stats counts them: decided drafts below each
 	// of aggregator.HedgeThresholds, and their second-choice rejections.
-	LowProb, LowProbCaught   [2][len(aggregator.HedgeThresholds)]uint64
-	Switches                 uint64
+	LowProb, LowProbCaught [2][len(aggregator.HedgeThresholds)]uint64
+	Switches               uint64
+	// Early counts the steps this side decided itself while the peer
+	// aggregated, before the verdicts came (aggregator.Node.Early).
+	Early                    uint64
 	BytesSent, BytesReceived uint64
 	// This side's forward passes, local draft tokens accepted, and passes
 	// aborted because a rejection made their drafts stale.
@@ -279,7 +283,7 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 	node, err := aggregator.New(aggregator.Config{
 		Self: opts.Self, Aggregator: opts.Aggregator, Greedy: opts.Sampling.Greedy(), Seed: opts.Sampling.Seed,
 		MaxSteps: uint64(opts.MaxTokens), IsEnd: func(t int32) bool { return dec.Model().IsEOG(t) },
-		Share: opts.beside(),
+		Share: opts.share(),
 	})
 	if err != nil {
 		return Summary{}, err
@@ -641,12 +645,21 @@ func (r *run) apply(acts []aggregator.Action) error {
 	return nil
 }
 
+// share says whether both sides' drafts cross the link whoever
+// aggregates (aggregator.Config.Share), so that the side that does not
+// aggregate decides each step it holds both drafts of itself, a round trip
+// before the verdict. Token-wise sync stays the plain baseline, and blind
+// drafts (dragon-blind) DRAGON's own protocol.
+func (o *Options) share() bool {
+	return !o.Blind && o.Sync == Speculative
+}
+
 // beside says whether greedy drafts are made beside the peer's: drafts
 // are shared, and a side drafting a step the peer's draft of which it
-// holds drafts the mixture's argmax. Token-wise sync stays the plain
-// baseline.
+// holds drafts the mixture's argmax. Sampled drafts cannot be moved
+// (Algorithm 1 needs x ~ p).
 func (o *Options) beside() bool {
-	return o.Sampling.Greedy() && !o.Blind && o.Sync == Speculative
+	return o.Sampling.Greedy() && o.share()
 }
 
 // publishPeerDrafts hands the Node's view of the peer's undecided drafts
@@ -810,7 +823,7 @@ func (r *run) fillSummary() {
 		s.Accepted[i], s.Rejected[i], s.Stale[i], s.SecondChoice[i] = st.Accepted, st.Rejected, st.Stale, st.SecondChoice
 		s.LowProb[i], s.LowProbCaught[i] = st.LowProb, st.LowProbCaught
 	}
-	s.Switches = r.node.Handovers()
+	s.Switches, s.Early = r.node.Handovers(), r.node.Early()
 	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received
 	s.ForwardPasses = r.dec.Steps()
 	s.LocalAccepted = r.dec.SpecStats().AcceptedTokens

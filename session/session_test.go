@@ -260,6 +260,11 @@ func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
 	assert.Equal(t, dev.Tokens, cld.Tokens)
 	assert.Positive(t, dev.Rejected[0]+dev.Rejected[1], "the sides disagreed at times")
 	assert.Positive(t, dev.AbortedPasses+cld.AbortedPasses, "rejections stopped passes in flight")
+	assert.Positive(t, dev.Early+cld.Early, "drafts are shared, so the side that does not aggregate decides steps itself")
+
+	blind, blindCld := runPair(t, pairConfig{sampling: sp, spec: true, switchEvery: 4, latency: jitter, blind: true})
+	assert.Equal(t, tw.Tokens, blind.Tokens, "DRAGON's own protocol, drafts kept to the aggregator")
+	assert.Zero(t, blind.Early+blindCld.Early)
 
 	other, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sampling.Params{Temperature: 0.9, Seed: 78}})
 	assert.NotEqual(t, tw.Tokens, other.Tokens, "another seed, another answer")

@@ -54,6 +54,9 @@ type Options struct {
 	Modes                   []Mode
 	MaxTokens               int
 	Passages                int
+	// Temperature > 0 samples every answer (seed: the question's index
+	// + 1, so that each mode draws the same uniforms); 0 is greedy.
+	Temperature float64
 	// Extra flags for both daemons.
 	DaemonFlags []string
 	Log         func(format string, args ...any)
@@ -96,9 +99,10 @@ type Result struct {
 	// (the steps a hedge there would cost) and the share of its rejections
 	// whose target was the runner-up at such a step (those it would catch).
 	HedgeCurve map[string][]HedgePoint `json:"hedge_curve,omitempty"`
-	// GreedyIdentical counts the greedy answers of speculative-aggregation
-	// modes (dragon, dragon-blind, each strategy) that equal greedy tw's
-	// for the same question and latency, out of GreedyPrompts.
+	// GreedyIdentical counts the answers of speculative-aggregation modes
+	// (dragon, dragon-blind, each strategy) that equal tw's for the same
+	// question and latency, out of GreedyPrompts: greedy, or sampled with
+	// the same seed (the answer depends on the seed only).
 	GreedyIdentical int      `json:"greedy_identical"`
 	GreedyPrompts   int      `json:"greedy_prompts"`
 	Tokens          float64  `json:"median_tokens"`
@@ -178,7 +182,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		for qi, q := range o.Questions {
 			byMode := map[string]answer{}
 			for _, m := range o.Modes {
-				a, err := ask(ctx, client, q, m, o.MaxTokens)
+				a, err := ask(ctx, client, q, m, sampling(o, qi))
 				if err != nil {
 					return res, fmt.Errorf("aggbench: %s at %v ms, question %d: %w\ndevice:\n%s\ncloud:\n%s", m.Name, lat, qi, err, device.Logs(), cloud.Logs())
 				}
@@ -319,10 +323,19 @@ func Ask(ctx context.Context, c dragonv1.DeviceServiceClient, req *dragonv1.Gene
 	return a, nil
 }
 
-// ask runs one greedy generation and its per-token latency: the device's
-// mean time per token after the first.
-func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, maxTokens int) (answer, error) {
-	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(maxTokens)}})
+// sampling is question qi's sampling parameters.
+func sampling(o Options, qi int) *dragonv1.SamplingParams {
+	p := &dragonv1.SamplingParams{MaxTokens: uint32(o.MaxTokens)}
+	if o.Temperature > 0 {
+		p.Temperature, p.Seed = float32(o.Temperature), uint64(qi)+1
+	}
+	return p
+}
+
+// ask runs one generation and its per-token latency: the device's mean
+// time per token after the first.
+func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, p *dragonv1.SamplingParams) (answer, error) {
+	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: p})
 	if err != nil {
 		return answer{}, err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -37,9 +38,10 @@ func newBenchAggCmd() *cobra.Command {
 		Long: `Starts a cloud and a device daemon from this binary, pinned to cores 0 and 1
 with one thread each, the device reaching the cloud through a netsim link of
 one-way latency L (jitter L/5, normal), and asks each question in each mode
-at each L (greedy, 2 passages per side by default). Prints median per-token
-latency by mode and L, the acceptance of each side's drafts, aggregator
-moves, and how many greedy dragon answers equal greedy tw answers. Needs
+at each L (greedy unless --temperature, 2 passages per side by default).
+Prints median per-token latency by mode and L, the acceptance of each side's
+drafts, aggregator moves, and how many dragon answers equal tw answers
+(greedy, or sampled with the same seed). Needs
 make model, make index and (optionally) make profile first.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
@@ -57,6 +59,9 @@ make model, make index and (optionally) make profile first.`,
 					return fmt.Errorf("--modes: %w", err)
 				}
 				o.Modes = append(o.Modes, aggbench.Mode{Name: name, Mode: m, Blind: blind})
+			}
+			if o.Temperature < 0 || math.IsNaN(o.Temperature) {
+				return fmt.Errorf("--temperature %v: must be 0 (greedy) or positive", o.Temperature)
 			}
 			if questions < 1 || questions > len(promptset.Questions) {
 				return fmt.Errorf("--questions %d: between 1 and %d", questions, len(promptset.Questions))
@@ -96,6 +101,7 @@ make model, make index and (optionally) make profile first.`,
 	f.IntVar(&questions, "questions", 8, "questions of the built-in set")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens per answer")
 	f.IntVar(&o.Passages, "passages", 2, "passages per side")
+	f.Float64Var(&o.Temperature, "temperature", 0, "sample every answer at this temperature (seed: the question's number), 0: greedy")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off on both daemons")
 	f.BoolVar(&noCache, "no-cache", false, "turn both daemons' KV prefix caches off, so that every mode prefills its passages (as E1 and E2 do)")
 	f.BoolVar(&asJSON, "json", true, "print one JSON object (always)")

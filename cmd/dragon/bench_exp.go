@@ -144,7 +144,10 @@ first (make experiments does all of it).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.Agg.Model, "model", defaultModel(), "GGUF model file")
+	f.StringVar(&o.Agg.Model, "model", defaultModel(), "GGUF model file (E1–E3: the device's, and the cloud's unless --cloud-model; E4, E5: the model)")
+	f.StringVar(&o.Agg.CloudModel, "cloud-model", "", "E1–E3: the cloud's GGUF model, of the device's tokenizer (default: --model); with --out elsewhere, to keep the default model's figures")
+	f.StringVar(&o.Agg.DeviceProfile, "device-profile", "data/profile-device.json", "E1–E3: the device's dragon profile fit (make profile-qwen writes the Qwen files')")
+	f.StringVar(&o.Agg.CloudProfile, "cloud-profile", "data/profile-cloud.json", "E1–E3: the cloud's dragon profile fit")
 	f.StringVar(&o.Agg.CloudIndex, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&o.Agg.DeviceIndex, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,100,200,300", "added one-way latencies in ms")

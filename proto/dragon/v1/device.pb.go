@@ -108,9 +108,10 @@ type GenerateRequest struct {
 	// Record each side's decoding times and draft acceptance in the summary
 	// (a trace for `dragon bench sched`).
 	RecordTrace bool `protobuf:"varint,11,opt,name=record_trace,json=recordTrace,proto3" json:"record_trace,omitempty"`
-	// Greedy dragon as DRAGON publishes it: no side drafts the mixture's
-	// argmax beside the peer's drafts it holds, and the aggregator keeps its
-	// own drafts to itself (experiments: what drafting beside is worth).
+	// dragon as DRAGON publishes it: the aggregator keeps its own drafts to
+	// itself, so no greedy draft is made beside the peer's and the side that
+	// does not aggregate waits for every verdict instead of deciding the
+	// steps it holds both drafts of (experiments: what sharing is worth).
 	BlindDrafts bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
 	// Earlier turns of the conversation (user and assistant), oldest first;
 	// prompt is the newest user turn.

@@ -828,7 +828,8 @@ type Begin struct {
 	SwitchEvery uint32 `protobuf:"varint,10,opt,name=switch_every,json=switchEvery,proto3" json:"switch_every,omitempty"`
 	// System message of every prompt; empty means the daemon's default.
 	System string `protobuf:"bytes,11,opt,name=system,proto3" json:"system,omitempty"`
-	// No drafting beside the peer's drafts, no shared aggregator drafts
+	// No shared aggregator drafts, so no drafting beside them and no steps
+	// decided by the side that does not aggregate
 	// (GenerateRequest.blind_drafts).
 	BlindDrafts bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
 	// Earlier turns of the conversation, oldest first, before query: both
