@@ -30,9 +30,31 @@ type pair struct {
 	eta   [2]float64
 }
 
-func newPair(device, cloud *Draft) pair {
-	ed, ec := Weights(device.logMass, cloud.logMass)
+// newPair weighs the two drafts of a step: by their h̃ (Weights), each
+// lowered by its view's entropy over confidence when confidence > 0.
+func newPair(device, cloud *Draft, confidence float64) pair {
+	ld, lc := device.logMass, cloud.logMass
+	if confidence > 0 {
+		ld -= Entropy(&device.dist) / confidence
+		lc -= Entropy(&cloud.dist) / confidence
+	}
+	ed, ec := Weights(ld, lc)
 	return pair{draft: [2]*Draft{device, cloud}, eta: [2]float64{ed, ec}}
+}
+
+// Entropy is a view's entropy in nats. With confidence weights a side's
+// share of a step falls by a factor e^{-H/τ}: the side less sure of its
+// next token (a small model, or passages that do not hold the answer)
+// yields to the surer one, step by step. Both sides compute it from the
+// same bytes, so they weigh a step alike.
+func Entropy(s *codec.Sparse) float64 {
+	var h float64
+	for _, p := range s.Probs {
+		if p > 0 {
+			h -= float64(p) * math.Log(float64(p))
+		}
+	}
+	return h
 }
 
 // target decides the step's token: Algorithm 1 for sampling, the argmax of

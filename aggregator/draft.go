@@ -77,7 +77,13 @@ type Proposer struct {
 	greedy bool
 	enc    *codec.Encoder
 	view   codec.Sparse
+	// confidence is Config.Confidence, for drafts beside the peer's.
+	confidence float64
 }
+
+// SetConfidence weighs the mixture that drafts beside the peer's take the
+// argmax of as the aggregator does (Config.Confidence).
+func (p *Proposer) SetConfidence(tau float64) { p.confidence = tau }
 
 // NewProposer makes drafts for side: greedy ones (the most probable token)
 // or sampled ones (inverse CDF at DraftUniform(seed, side, step)), from
@@ -156,9 +162,9 @@ func (p *Proposer) ProposeBeside(probs []float32, step uint64, epoch uint32, log
 // of this side and the peer's of the same step.
 func (p *Proposer) mixtureArgmax(d, peer *Draft) int32 {
 	if p.side == Device {
-		return newPair(d, peer).mixtureArgmax()
+		return newPair(d, peer, p.confidence).mixtureArgmax()
 	}
-	return newPair(peer, d).mixtureArgmax()
+	return newPair(peer, d, p.confidence).mixtureArgmax()
 }
 
 // WireDraft is a draft as it arrives from the peer.

@@ -220,6 +220,50 @@ func TestSpeculativeAggregationIsExactWithDynamicWeights(t *testing.T) {
 	}
 }
 
+// TestSpeculativeAggregationIsExactWithConfidenceWeights: each step's η
+// comes from both views' entropies as well as h̃, so it changes with the
+// prefix; the targets follow each step's mixture, with bursts, handovers
+// and shared drafts, and do not fit the mixture of the h̃ weights alone.
+func TestSpeculativeAggregationIsExactWithConfidenceWeights(t *testing.T) {
+	const tau = 0.5
+	dist := disagreeing(19)
+	mass := logMass(0.5)
+	// etaAt is the device's weight of the step after prefix, from the
+	// views its drafts carry (the codec's, as on the wire).
+	etaAt := func(confidence float64) func(prefix []int32) float64 {
+		return func(prefix []int32) float64 {
+			last := int32(-1)
+			if len(prefix) > 0 {
+				last = prefix[len(prefix)-1]
+			}
+			var d [2]Draft
+			for i, side := range Sides {
+				p, err := NewProposer(side, 1, false, 1)
+				require.NoError(t, err)
+				d[i], err = p.Propose(dist[i].next(len(prefix), last), 0, 0, mass[i])
+				require.NoError(t, err)
+			}
+			return newPair(&d[0], &d[1], confidence).eta[0]
+		}
+	}
+	for i, c := range exactCases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld(t, worldConfig{
+				seed: 31 + uint64(i), topP: 1, dist: dist, logMass: mass, confidence: tau,
+				maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
+				first: Cloud, steps: 20000, share: c.share,
+			})
+			w.run()
+			targets := w.agreed()
+			require.GreaterOrEqual(t, len(targets), 20000)
+			p := chiSquareAt(t, targets, dist, etaAt(tau))
+			t.Logf("p = %.4f; %d handovers", p, w.switches)
+			assert.Greater(t, p, 0.001, "targets follow each step's confidence-weighted mixture")
+			assert.Less(t, chiSquareAt(t, targets, dist, etaAt(0)), 0.001, "and not the h̃ weights alone")
+		})
+	}
+}
+
 // brokenResample is Algorithm 1 with a plausible bug: a rejected draft is
 // redrawn from the other side's distribution instead of from
 // norm(max(0, p^b - p^a)).

@@ -99,6 +99,8 @@ type worldConfig struct {
 	// answer so far does; logMass is then unused.
 	rescoreEvery int
 	rescore      func(prefix []int32) float64
+	// confidence is Config.Confidence on both Nodes and Proposers.
+	confidence float64
 }
 
 // massAt is the h̃ side i drafts step with, given its prefix.
@@ -127,7 +129,7 @@ type producer struct {
 func newWorld(t testing.TB, cfg worldConfig) *world {
 	w := &world{t: t, r: rand.New(rand.NewPCG(cfg.seed, 99)), cfg: cfg, prefixes: map[draftKey]uint64{}, truthHash: []uint64{0}}
 	for i, side := range Sides {
-		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed, Share: cfg.share})
+		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed, Share: cfg.share, Confidence: cfg.confidence})
 		require.NoError(t, err)
 		if cfg.rule != nil {
 			n.rule = cfg.rule
@@ -150,6 +152,7 @@ func newWorld(t testing.TB, cfg worldConfig) *world {
 		w.nodes[i] = n
 		prop, err := NewProposer(side, cfg.seed, cfg.greedy, cfg.topP)
 		require.NoError(t, err)
+		prop.SetConfidence(cfg.confidence)
 		w.sides[i] = &producer{side: side, prop: prop}
 	}
 	return w

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -22,6 +23,11 @@ type Config struct {
 	// IsEnd reports whether a target token ends the generation (end of
 	// generation); nil: none does.
 	IsEnd func(tok int32) bool
+	// Confidence > 0 weighs each step's drafts by confidence too: a side's
+	// h̃ is lowered by its view's entropy over Confidence (a temperature in
+	// nats) before the two are weighed (newPair). 0: DRAGON's weights.
+	// Both sides must agree.
+	Confidence float64
 	// Share has the aggregating side send its own undecided drafts too, so
 	// that the other side keeps the aggregator's chain as well and each
 	// side sees the peer's drafts (PeerDrafts) whoever aggregates: for
@@ -38,6 +44,9 @@ func (c Config) validate() error {
 	}
 	if !c.Aggregator.Valid() {
 		return fmt.Errorf("aggregator: config: unknown aggregator side %v", c.Aggregator)
+	}
+	if !(c.Confidence >= 0) || math.IsInf(c.Confidence, 1) {
+		return fmt.Errorf("aggregator: config: confidence temperature %v: want 0 (off) or a positive number", c.Confidence)
 	}
 	return nil
 }
@@ -397,7 +406,7 @@ func (n *Node) ready() bool {
 // its draft was rejected.
 func (n *Node) decideNext(countHedges bool) (Verdict, Action) {
 	dev, cld := &n.sides[Device.Index()], &n.sides[Cloud.Index()]
-	p := newPair(&dev.queue[0], &cld.queue[0])
+	p := newPair(&dev.queue[0], &cld.queue[0], n.cfg.Confidence)
 	target := n.rule(p, n.cfg.Greedy, n.cfg.Seed, n.next)
 	v := Verdict{Step: n.next, Target: target, Expected: p.expectedAcceptance(n.cfg.Greedy)}
 	var rollback Action

@@ -433,3 +433,38 @@ func TestHandoverToAFollowerThatDecidedAhead(t *testing.T) {
 	assert.Empty(t, step(t, agg, RemoteVerdicts{Verdicts: vs}))
 	assert.Equal(t, uint64(2), agg.NextStep())
 }
+
+// TestConfidenceConfigChecked: a confidence temperature is 0 (off) or a
+// positive number.
+func TestConfidenceConfigChecked(t *testing.T) {
+	for _, tau := range []float64{-0.5, math.NaN(), math.Inf(1)} {
+		_, err := New(Config{Self: Device, Aggregator: Device, Confidence: tau})
+		assert.ErrorContains(t, err, "confidence temperature", "%v", tau)
+	}
+	_, err := New(Config{Self: Device, Aggregator: Device, Confidence: 0.5})
+	assert.NoError(t, err)
+}
+
+// TestConfidenceWeightsFavourTheSurerSide: of two sides with the same h̃,
+// the one with the peaked distribution gets the larger weight, the more so
+// the lower the temperature; 0 leaves DRAGON's weights.
+func TestConfidenceWeightsFavourTheSurerSide(t *testing.T) {
+	peaked := []float32{0.9, 0.05, 0.05, 0, 0, 0, 0, 0}
+	flat := []float32{0.2, 0.2, 0.2, 0.2, 0.2, 0, 0, 0}
+	draft := func(side Side, probs []float32) Draft {
+		p, err := NewProposer(side, 1, true, 1)
+		require.NoError(t, err)
+		d, err := p.Propose(probs, 0, 0, 0)
+		require.NoError(t, err)
+		return d
+	}
+	dev, cld := draft(Device, peaked), draft(Cloud, flat)
+	assert.InDelta(t, 0.5, newPair(&dev, &cld, 0).eta[0], 1e-12)
+	hot, cold := newPair(&dev, &cld, 1).eta[0], newPair(&dev, &cld, 0.25).eta[0]
+	assert.Greater(t, hot, 0.5)
+	assert.Greater(t, cold, hot)
+	// e^{(H_flat - H_peaked)/τ} / (1 + e^{…}) with the views' entropies.
+	dh := Entropy(&cld.dist) - Entropy(&dev.dist)
+	assert.InDelta(t, 1/(1+math.Exp(-dh)), hot, 1e-9)
+	assert.InDelta(t, math.Log(5), Entropy(&cld.dist), 1e-3)
+}

@@ -194,6 +194,8 @@ type options struct {
 	PassagesCloud  *int     `json:"passages_cloud"`
 	CodecTopP      *float64 `json:"codec_top_p"`
 	Strategy       string   `json:"strategy"`
+	// ConfidenceTemperature: GenerateRequest's confidence_temperature.
+	ConfidenceTemperature *float64 `json:"confidence_temperature"`
 }
 
 type chatRequest struct {
@@ -297,6 +299,9 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 	}
 	if opts.CodecTopP != nil {
 		g.CodecTopP = float32(*opts.CodecTopP)
+	}
+	if opts.ConfidenceTemperature != nil {
+		g.ConfidenceTemperature = float32(*opts.ConfidenceTemperature)
 	}
 	if opts.Strategy != "" {
 		st, err := aggregator.ParseStrategy(opts.Strategy)

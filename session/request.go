@@ -105,6 +105,8 @@ type Request struct {
 	Aggregator                    aggregator.Side
 	SwitchEvery                   int
 	BlindDrafts                   bool
+	// Confidence is aggregator.Config.Confidence (0: off).
+	Confidence float64
 }
 
 // Defaults fill a request's unset fields.
@@ -175,7 +177,18 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if r.Aggregator, err = parseFirst(b.GetAggregator()); err != nil {
 		return r, err
 	}
+	if r.Confidence, err = confidence(b.GetConfidenceTemperature()); err != nil {
+		return r, err
+	}
 	return r, nil
+}
+
+// confidence checks a confidence temperature.
+func confidence(v float32) (float64, error) {
+	if !(v >= 0) || math.IsInf(float64(v), 1) {
+		return 0, wire.InvalidArgument("confidence_temperature", fmt.Sprintf("%v: want 0 (off) or a positive number", v))
+	}
+	return float64(v), nil
 }
 
 // ParseGenerate reads and checks an app's request (on the device).
@@ -210,6 +223,9 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 		return r, err
 	}
 	if r.Aggregator, err = parseFirst(g.GetAggregator()); err != nil {
+		return r, err
+	}
+	if r.Confidence, err = confidence(g.GetConfidenceTemperature()); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -338,7 +354,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 	o := Options{
 		Self: self, SessionID: id, Owner: self == aggregator.Device, Sampling: r.Sampling, MaxTokens: r.MaxTokens,
 		CodecTopP: r.CodecTopP, Aggregator: r.Aggregator, Strategy: r.Strategy, SwitchEvery: r.SwitchEvery,
-		Blind: r.BlindDrafts,
+		Blind: r.BlindDrafts, Confidence: r.Confidence,
 	}
 	if r.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC {
 		o.Sync = TokenWise
@@ -358,6 +374,6 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		},
 		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
-		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts,
+		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence),
 	}
 }

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
 	for _, g := range []*dragonv1.GenerateRequest{
 		{Prompt: "q", SwitchEvery: 3, BlindDrafts: true, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
-		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9}},
+		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9}, ConfidenceTemperature: 0.5},
 	} {
 		dev, err := ParseGenerate(g, lim, def)
 		require.NoError(t, err)
@@ -39,8 +40,23 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 			assert.Equal(t, g.GetSampling().GetSeed(), o.Sampling.Seed, "%v", side)
 			assert.Equal(t, max(int(g.GetSampling().GetMaxTokens()), def.MaxTokens), o.MaxTokens, "%v", side)
 			assert.Equal(t, g.GetMode() == dragonv1.Mode_MODE_TOKEN_WISE_SYNC, o.Sync == TokenWise, "%v", side)
+			assert.InDelta(t, g.GetConfidenceTemperature(), o.Confidence, 1e-9, "%v", side)
 		}
 		assert.Equal(t, dev.Strategy, cld.Strategy)
+	}
+}
+
+// TestConfidenceTemperatureChecked: a negative or non-finite confidence
+// temperature is refused on either side.
+func TestConfidenceTemperatureChecked(t *testing.T) {
+	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
+	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	for _, v := range []float32{-1, float32(math.NaN()), float32(math.Inf(1))} {
+		_, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", ConfidenceTemperature: v}, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v: %v", v, err)
+		assert.ErrorContains(t, err, "confidence_temperature")
+		_, err = ParseBegin(&dragonv1.Begin{Query: "q", ConfidenceTemperature: v}, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v: %v", v, err)
 	}
 }
 

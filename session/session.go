@@ -83,6 +83,9 @@ type Options struct {
 	// aggregate waits for the verdicts (what sharing is worth is measured
 	// against it).
 	Blind bool
+	// Confidence weighs each step by the sides' confidence too
+	// (aggregator.Config.Confidence; 0: off).
+	Confidence float64
 	// Fallback (owner only): when the peer fails (the stream breaks, the
 	// peer errs or sends garbage, or no step is decided for StallTimeout),
 	// finish the answer alone from the tokens already decided.
@@ -283,7 +286,7 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 	node, err := aggregator.New(aggregator.Config{
 		Self: opts.Self, Aggregator: opts.Aggregator, Greedy: opts.Sampling.Greedy(), Seed: opts.Sampling.Seed,
 		MaxSteps: uint64(opts.MaxTokens), IsEnd: func(t int32) bool { return dec.Model().IsEOG(t) },
-		Share: opts.share(),
+		Share: opts.share(), Confidence: opts.Confidence,
 	})
 	if err != nil {
 		return Summary{}, err
@@ -875,6 +878,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 	if err != nil {
 		return err
 	}
+	prop.SetConfidence(r.opts.Confidence)
 	var (
 		epoch     uint32
 		paused    bool // drafted the end token: wait for its verdict

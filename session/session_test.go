@@ -126,6 +126,7 @@ type pairConfig struct {
 	deviceCall, cloudCall time.Duration
 	blind                 bool
 	strategy              aggregator.Strategy
+	confidence            float64
 }
 
 // runPair runs a device and a cloud side against each other and returns
@@ -153,7 +154,7 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 		return Options{
 			Self: side, SessionID: 9, Sync: c.sync, Owner: side == aggregator.Device, Sampling: c.sampling,
 			MaxTokens: c.maxTokens, Aggregator: c.first, SwitchEvery: c.switchEvery, PingEvery: 5 * time.Millisecond,
-			Blind: c.blind, Strategy: c.strategy,
+			Blind: c.blind, Strategy: c.strategy, Confidence: c.confidence,
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -268,6 +269,23 @@ func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
 
 	other, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sampling.Params{Temperature: 0.9, Seed: 78}})
 	assert.NotEqual(t, tw.Tokens, other.Tokens, "another seed, another answer")
+}
+
+// TestConfidenceWeightsAgreeAcrossModes: with confidence weights both
+// sides weigh each step alike, so greedy and sampled dragon (local
+// speculation, handovers) still give token-wise sync's answer under the
+// same weights; the weights change the greedy answer of these sides.
+func TestConfidenceWeightsAgreeAcrossModes(t *testing.T) {
+	for _, sp := range []sampling.Params{{}, {Temperature: 0.9, Seed: 5}} {
+		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp, confidence: 0.3})
+		require.NotEmpty(t, tw.Tokens)
+		dev, cld := runPair(t, pairConfig{sampling: sp, spec: true, switchEvery: 3, confidence: 0.3})
+		assert.Equal(t, tw.Tokens, dev.Tokens, "temperature %v", sp.Temperature)
+		assert.Equal(t, dev.Tokens, cld.Tokens, "temperature %v", sp.Temperature)
+	}
+	plain, _ := runPair(t, pairConfig{sync: TokenWise})
+	weighed, _ := runPair(t, pairConfig{sync: TokenWise, confidence: 0.3})
+	assert.NotEqual(t, plain.Tokens, weighed.Tokens, "the weights take effect")
 }
 
 // runModes runs the device half f against the cloud half g over a pipe.

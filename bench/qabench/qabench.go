@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -165,6 +166,10 @@ type Options struct {
 	RerankModel      string
 	RerankCandidates int
 	RescoreEvery     int
+	// Confidence > 0 weighs each step of the modes that aggregate both
+	// sides by the sides' confidence too (GenerateRequest's
+	// confidence_temperature).
+	Confidence float64
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -195,16 +200,17 @@ type header struct {
 }
 
 type config struct {
-	DeviceModel string `json:"device_model"`
-	CloudModel  string `json:"cloud_model"`
-	K           int    `json:"k"`
-	MaxTokens   int    `json:"max_tokens"`
-	Seed        uint64 `json:"seed"`
-	System      string `json:"system"`
-	Retrieval   string `json:"retrieval,omitempty"`
-	Weights     string `json:"weights,omitempty"`
-	Candidates  int    `json:"rerank_candidates,omitempty"`
-	Every       int    `json:"rescore_every,omitempty"`
+	DeviceModel string  `json:"device_model"`
+	CloudModel  string  `json:"cloud_model"`
+	K           int     `json:"k"`
+	MaxTokens   int     `json:"max_tokens"`
+	Seed        uint64  `json:"seed"`
+	System      string  `json:"system"`
+	Retrieval   string  `json:"retrieval,omitempty"`
+	Weights     string  `json:"weights,omitempty"`
+	Candidates  int     `json:"rerank_candidates,omitempty"`
+	Every       int     `json:"rescore_every,omitempty"`
+	Confidence  float64 `json:"confidence_temperature,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -229,6 +235,8 @@ type Result struct {
 	// re-scorings ("dynamic").
 	RerankCandidates int `json:"rerank_candidates,omitempty"`
 	RescoreEvery     int `json:"rescore_every,omitempty"`
+	// Confidence is the confidence temperature (0: off).
+	Confidence float64 `json:"confidence_temperature,omitempty"`
 }
 
 func key(source string, line int, mode string) string {
@@ -281,6 +289,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := CheckModes(o.Modes); err != nil {
 		return Result{}, err
 	}
+	if !(o.Confidence >= 0) || math.IsInf(o.Confidence, 1) {
+		return Result{}, fmt.Errorf("qabench: confidence temperature %v: want 0 (off) or a positive number", o.Confidence)
+	}
 	switch o.Weights {
 	case "", "static":
 		o.Weights, o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", "", 0, 0
@@ -297,7 +308,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("qabench: weights %q: want static, rerank or dynamic", o.Weights)
 	}
 	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
-		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery}
+		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -394,7 +405,7 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 				continue
 			}
 			req := &dragonv1.GenerateRequest{Prompt: q.Text, System: ShortAnswer, Mode: modeOf[m],
-				Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(o.MaxTokens)}}
+				Sampling: &dragonv1.SamplingParams{MaxTokens: uint32(o.MaxTokens)}, ConfidenceTemperature: float32(o.Confidence)}
 			a, err := aggbench.Ask(ctx, clients[m == "none"], req)
 			if err != nil {
 				return fmt.Errorf("qabench: %s, question %s:%d: %w\ndevice:\n%s\ncloud:\n%s", m, q.Source, q.Line, err, tail(device.Logs()), tail(cloud.Logs()))
@@ -431,7 +442,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

@@ -115,9 +115,13 @@ type GenerateRequest struct {
 	BlindDrafts bool `protobuf:"varint,12,opt,name=blind_drafts,json=blindDrafts,proto3" json:"blind_drafts,omitempty"`
 	// Earlier turns of the conversation (user and assistant), oldest first;
 	// prompt is the newest user turn.
-	History       []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	History []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
+	// Confidence weights (not in DRAGON): when > 0, each step's side weights
+	// also fall with the entropy of each side's distribution, e^{-H/τ} with
+	// τ this temperature in nats; 0 keeps DRAGON's relevance weights.
+	ConfidenceTemperature float32 `protobuf:"fixed32,14,opt,name=confidence_temperature,json=confidenceTemperature,proto3" json:"confidence_temperature,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -239,6 +243,13 @@ func (x *GenerateRequest) GetHistory() []*ChatTurn {
 		return x.History
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetConfidenceTemperature() float32 {
+	if x != nil {
+		return x.ConfidenceTemperature
+	}
+	return 0
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -1128,7 +1139,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\x87\x04\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xbe\x04\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1145,7 +1156,8 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	" \x01(\rR\vswitchEvery\x12!\n" +
 	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\x12!\n" +
 	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
-	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\"\x81\x01\n" +
+	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\x125\n" +
+	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +

@@ -835,9 +835,12 @@ type Begin struct {
 	// Earlier turns of the conversation, oldest first, before query: both
 	// sides lay them out between each passage and the query, so a turn's
 	// prompt extends the last turn's and prefills only what is new.
-	History       []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	History []*ChatTurn `protobuf:"bytes,13,rep,name=history,proto3" json:"history,omitempty"`
+	// GenerateRequest.confidence_temperature: both sides weigh each step
+	// with it.
+	ConfidenceTemperature float32 `protobuf:"fixed32,14,opt,name=confidence_temperature,json=confidenceTemperature,proto3" json:"confidence_temperature,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Begin) Reset() {
@@ -959,6 +962,13 @@ func (x *Begin) GetHistory() []*ChatTurn {
 		return x.History
 	}
 	return nil
+}
+
+func (x *Begin) GetConfidenceTemperature() float32 {
+	if x != nil {
+		return x.ConfidenceTemperature
+	}
+	return 0
 }
 
 // ChatTurn is one earlier turn of a conversation.
@@ -2192,7 +2202,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xf7\x03\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xae\x04\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2210,7 +2220,8 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	" \x01(\rR\vswitchEvery\x12\x16\n" +
 	"\x06system\x18\v \x01(\tR\x06system\x12!\n" +
 	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
-	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\"M\n" +
+	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\x125\n" +
+	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\"M\n" +
 	"\bChatTurn\x12'\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
