@@ -201,14 +201,7 @@ func TestSpeculativeAggregationIsExactWithDynamicWeights(t *testing.T) {
 	for i, c := range exactCases {
 		t.Run(c.name, func(t *testing.T) {
 			dist := disagreeing(13)
-			w := newWorld(t, worldConfig{
-				seed: 77 + uint64(i), topP: 1, dist: dist, rescoreEvery: every, rescore: rescore,
-				maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
-				first: Cloud, steps: 20000, share: c.share,
-			})
-			w.run()
-			targets := w.agreed()
-			require.GreaterOrEqual(t, len(targets), 20000)
+			w, targets := runExactCase(t, c, worldConfig{seed: 77 + uint64(i), dist: dist, rescoreEvery: every, rescore: rescore})
 			p := chiSquareAt(t, targets, dist, etaAt)
 			t.Logf("p = %.4f; %d handovers", p, w.switches)
 			assert.Greater(t, p, 0.001, "targets follow each position's η-mixture")
@@ -248,20 +241,26 @@ func TestSpeculativeAggregationIsExactWithConfidenceWeights(t *testing.T) {
 	}
 	for i, c := range exactCases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newWorld(t, worldConfig{
-				seed: 31 + uint64(i), topP: 1, dist: dist, logMass: mass, confidence: tau,
-				maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
-				first: Cloud, steps: 20000, share: c.share,
-			})
-			w.run()
-			targets := w.agreed()
-			require.GreaterOrEqual(t, len(targets), 20000)
+			w, targets := runExactCase(t, c, worldConfig{seed: 31 + uint64(i), dist: dist, logMass: mass, confidence: tau})
 			p := chiSquareAt(t, targets, dist, etaAt(tau))
 			t.Logf("p = %.4f; %d handovers", p, w.switches)
 			assert.Greater(t, p, 0.001, "targets follow each step's confidence-weighted mixture")
 			assert.Less(t, chiSquareAt(t, targets, dist, etaAt(0)), 0.001, "and not the h̃ weights alone")
 		})
 	}
+}
+
+// runExactCase runs 20,000 sampled steps of cfg (seed, tables, weights)
+// under case c's schedule, the cloud aggregating first, and returns the
+// world and its targets.
+func runExactCase(t *testing.T, c exactCase, cfg worldConfig) (*world, []int32) {
+	cfg.topP, cfg.maxBurst, cfg.lookahead, cfg.switchProb, cfg.staleProb = 1, c.maxBurst, c.lookahead, c.switchProb, 0.5
+	cfg.first, cfg.steps, cfg.share = Cloud, 20000, c.share
+	w := newWorld(t, cfg)
+	w.run()
+	targets := w.agreed()
+	require.GreaterOrEqual(t, len(targets), 20000)
+	return w, targets
 }
 
 // brokenResample is Algorithm 1 with a plausible bug: a rejected draft is

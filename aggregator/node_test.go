@@ -326,19 +326,25 @@ func TestPeerDraftsAreTheUndecidedChain(t *testing.T) {
 	assert.Empty(t, newNode(t, Cloud, Device).PeerDrafts(), "only the aggregator sees the peer's drafts")
 }
 
+// sharedPair is a greedy device aggregator and cloud follower that share
+// their drafts.
+func sharedPair(t *testing.T) (agg, fol *Node) {
+	var nodes [2]*Node
+	for i, side := range Sides {
+		var err error
+		nodes[i], err = New(Config{Self: side, Aggregator: Device, Greedy: true, Share: true, MaxSteps: 100})
+		require.NoError(t, err)
+	}
+	return nodes[0], nodes[1]
+}
+
 // TestFollowerDecidesWhatItHoldsBothDraftsOf: with shared drafts, the
 // cloud (not aggregating) decides a step as soon as it holds the device's
 // draft of it, rolls its own rejected draft back then, and takes the
 // device's verdict, when it comes, as a confirmation; a verdict that
 // disagrees is a protocol error.
 func TestFollowerDecidesWhatItHoldsBothDraftsOf(t *testing.T) {
-	cfg := func(self Side) Config {
-		return Config{Self: self, Aggregator: Device, Greedy: true, Share: true, MaxSteps: 100}
-	}
-	agg, err := New(cfg(Device))
-	require.NoError(t, err)
-	fol, err := New(cfg(Cloud))
-	require.NoError(t, err)
+	agg, fol := sharedPair(t)
 	// The device's drafts outweigh the cloud's where they disagree.
 	p, err := NewProposer(Device, 1, true, 1)
 	require.NoError(t, err)
@@ -379,8 +385,7 @@ func TestFollowerDecidesWhatItHoldsBothDraftsOf(t *testing.T) {
 	require.ErrorIs(t, err, ErrProtocol)
 	assert.ErrorContains(t, err, "contradicts this side's own decision")
 
-	fol, err = New(cfg(Cloud))
-	require.NoError(t, err)
+	_, fol = sharedPair(t)
 	step(t, fol, LocalDrafts{Drafts: []Draft{c0, c1}})
 	step(t, fol, RemoteDrafts{Drafts: []Draft{d0, d1}})
 	acts = step(t, fol, RemoteVerdicts{Verdicts: vs})
@@ -394,13 +399,7 @@ func TestFollowerDecidesWhatItHoldsBothDraftsOf(t *testing.T) {
 // device had not when the device hands the aggregator over; the cloud
 // sends their verdicts, and the device takes them as its peer's.
 func TestHandoverToAFollowerThatDecidedAhead(t *testing.T) {
-	cfg := func(self Side) Config {
-		return Config{Self: self, Aggregator: Device, Greedy: true, Share: true, MaxSteps: 100}
-	}
-	agg, err := New(cfg(Device))
-	require.NoError(t, err)
-	fol, err := New(cfg(Cloud))
-	require.NoError(t, err)
+	agg, fol := sharedPair(t)
 	d0, d1 := mk(t, Device, 0, 0, tokA), mk(t, Device, 1, 0, tokA)
 	c0, c1 := mk(t, Cloud, 0, 0, tokA), mk(t, Cloud, 1, 0, tokB)
 	step(t, agg, LocalDrafts{Drafts: []Draft{d0, d1}})
@@ -416,7 +415,7 @@ func TestHandoverToAFollowerThatDecidedAhead(t *testing.T) {
 
 	bad := h
 	bad.Epochs[Device.Index()] = 3
-	_, err = fol.Step(RemoteHandover{Handover: bad})
+	_, err := fol.Step(RemoteHandover{Handover: bad})
 	assert.ErrorContains(t, err, "gives the peer epoch 3")
 
 	acts = step(t, fol, RemoteHandover{Handover: h})
