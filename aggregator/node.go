@@ -45,11 +45,15 @@ func (c Config) validate() error {
 	if !c.Aggregator.Valid() {
 		return fmt.Errorf("aggregator: config: unknown aggregator side %v", c.Aggregator)
 	}
-	if !(c.Confidence >= 0) || math.IsInf(c.Confidence, 1) {
+	if !ValidConfidence(c.Confidence) {
 		return fmt.Errorf("aggregator: config: confidence temperature %v: want 0 (off) or a positive number", c.Confidence)
 	}
 	return nil
 }
+
+// ValidConfidence reports whether tau is a confidence temperature
+// (Config.Confidence): 0 (off) or a positive finite number.
+func ValidConfidence(tau float64) bool { return tau >= 0 && !math.IsInf(tau, 1) }
 
 // Verdict is the decision on one step (Algorithm 1's outputs), which the
 // aggregating side sends to the other.

@@ -185,7 +185,7 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 
 // confidence checks a confidence temperature.
 func confidence(v float32) (float64, error) {
-	if !(v >= 0) || math.IsInf(float64(v), 1) {
+	if !aggregator.ValidConfidence(float64(v)) {
 		return 0, wire.InvalidArgument("confidence_temperature", fmt.Sprintf("%v: want 0 (off) or a positive number", v))
 	}
 	return float64(v), nil

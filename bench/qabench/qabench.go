@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/bench/aggbench"
 	"github.com/dragon-rag/dragon/bench/retrievalbench"
 	"github.com/dragon-rag/dragon/internal/timing"
@@ -289,7 +289,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := CheckModes(o.Modes); err != nil {
 		return Result{}, err
 	}
-	if !(o.Confidence >= 0) || math.IsInf(o.Confidence, 1) {
+	if !aggregator.ValidConfidence(o.Confidence) {
 		return Result{}, fmt.Errorf("qabench: confidence temperature %v: want 0 (off) or a positive number", o.Confidence)
 	}
 	switch o.Weights {
