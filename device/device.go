@@ -306,7 +306,7 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	if err := session.SendHello(conn, s.hello); err != nil {
 		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
-	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: req.Begin(opts.SessionID)}}); err != nil {
+	if err := session.Send(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: req.Begin(opts.SessionID)}}); err != nil {
 		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
 	type handshake struct {

@@ -99,17 +99,34 @@ func Handshake(ctx context.Context, c Conn, ours *dragonv1.Hello) (*dragonv1.Hel
 // SendHello is the first half of Handshake, for a side that sends more
 // before the peer's Hello comes back (the device pipelines its Begin).
 func SendHello(c Conn, ours *dragonv1.Hello) error {
-	if err := c.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: ours}}); err != nil {
-		if errors.Is(err, io.EOF) {
-			// The peer ended the stream before our Hello went out (a refused
-			// token, say): why is in the status Recv returns.
-			if _, rerr := c.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
-				err = rerr
-			}
-		}
+	if err := Send(c, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: ours}}); err != nil {
 		return fmt.Errorf("handshake: send hello: %w", err)
 	}
 	return nil
+}
+
+// Send sends m. When the peer has already ended the stream (it refused our
+// token or our Hello, say), gRPC's Send says only io.EOF: why is in the
+// status Recv returns, so that is the error.
+func Send(c Conn, m *dragonv1.PeerMessage) error {
+	err := c.Send(m)
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	// What the peer sent before it ended the stream can no longer be acted
+	// on, except its account of why.
+	for {
+		got, rerr := c.Recv()
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return err
+			}
+			return rerr
+		}
+		if e := got.GetError(); e != nil {
+			return status.Error(codes.Code(e.GetCode()), e.GetMessage())
+		}
+	}
 }
 
 // AwaitHello is the second half of Handshake: it receives the peer's Hello

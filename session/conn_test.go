@@ -37,3 +37,42 @@ func TestHandshakeOnAnEndedStreamReportsWhy(t *testing.T) {
 		})
 	}
 }
+
+// queuedConn is a stream the peer ended after sending msgs.
+type queuedConn struct {
+	msgs    []*dragonv1.PeerMessage
+	recvErr error
+}
+
+func (*queuedConn) Send(*dragonv1.PeerMessage) error { return io.EOF }
+func (c *queuedConn) Recv() (*dragonv1.PeerMessage, error) {
+	if len(c.msgs) == 0 {
+		return nil, c.recvErr
+	}
+	m := c.msgs[0]
+	c.msgs = c.msgs[1:]
+	return m, nil
+}
+
+// TestSendOnAnEndedStreamReportsWhy: the cloud refuses a Hello after
+// sending its own, and the device's Begin, sent before the refusal came,
+// then fails with the refusal's reason, not with gRPC's bare io.EOF.
+func TestSendOnAnEndedStreamReportsWhy(t *testing.T) {
+	hello := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Hello{Hello: &dragonv1.Hello{}}}
+	refusal := errorMessage(0, status.Error(codes.FailedPrecondition, "model mismatch: different tokenizers"))
+	for name, tc := range map[string]struct {
+		conn *queuedConn
+		want codes.Code
+		msg  string
+	}{
+		"error message, then status": {&queuedConn{[]*dragonv1.PeerMessage{hello, refusal}, status.Error(codes.FailedPrecondition, "model mismatch: different tokenizers")}, codes.FailedPrecondition, "different tokenizers"},
+		"status only":                {&queuedConn{[]*dragonv1.PeerMessage{hello}, status.Error(codes.Unauthenticated, "invalid bearer token")}, codes.Unauthenticated, "bearer"},
+		"ended cleanly":              {&queuedConn{[]*dragonv1.PeerMessage{hello}, io.EOF}, codes.Unknown, "EOF"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := Send(tc.conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: &dragonv1.Begin{}}})
+			assert.Equal(t, tc.want, status.Code(err))
+			assert.ErrorContains(t, err, tc.msg)
+		})
+	}
+}
