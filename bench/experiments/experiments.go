@@ -10,6 +10,7 @@
 package experiments
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,6 +134,8 @@ type QualityResults struct {
 	// and the State of the Union).
 	Model  string `json:"model,omitempty"`
 	Corpus string `json:"corpus,omitempty"`
+	// Split is QualityOptions.Split (empty: SplitFiles, as runs before it).
+	Split string `json:"split,omitempty"`
 }
 
 // keys are the passages per side as the PPL tables key them.
@@ -207,7 +210,7 @@ func Run(ctx context.Context, o Options) (Results, error) {
 			return res, err
 		}
 		res.Family = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words,
-			Methods: append([]string{"none"}, q.Methods...), Model: filepath.Base(q.Model.Info().Path), Corpus: q.Corpus}
+			Methods: append([]string{"none"}, q.Methods...), Model: filepath.Base(q.Model.Info().Path), Corpus: q.Corpus, Split: cmp.Or(q.Split, SplitFiles)}
 		res.Family.Meta = meta(start)
 	}
 	if o.Spec {

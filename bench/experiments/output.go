@@ -202,8 +202,14 @@ func report(r Results) string {
 		pr("## E4 on DRAGON's model family (Fig. 5)\n\n![E4 family](experiments/e4-family.png)\n\n")
 		meta(q.Meta)
 		pr(" Perplexity of the second half of %d held-out windows of %d words of %s (real Wikipedia, `make wiki`), given the first half, ", q.Windows, q.Words, q.Corpus)
-		pr("with %s on both sides, as the paper runs Qwen2.5-1.5B on both; the rest of the corpus split between a device and a cloud BM25 index ", q.Model)
-		pr("(alternate documents), each side retrieving for the first half. none: the model alone; cloud-context: the cloud's passages in one prompt ")
+		pr("with %s on both sides, as the paper runs Qwen2.5-1.5B on both; ", q.Model)
+		if q.Split == SplitRank {
+			pr("the rest of the corpus in one BM25 index, and of the top 2k passages for the first half the cloud gets the first k and the device the next k, ")
+			pr("as the paper splits them (§7.2: \"insufficient but complementary\" sides). ")
+		} else {
+			pr("the rest of the corpus split between a device and a cloud BM25 index (alternate documents), each side retrieving for the first half. ")
+		}
+		pr("none: the model alone; cloud-context: the cloud's passages in one prompt ")
 		pr("(CRCG); context: both sides' passages in one prompt (DRCG, centralised and privacy-breaking); dragon: output aggregation over both sides' ")
 		pr("passages (DRAGON).")
 		if slices.Contains(q.methods(), methodRerank) || slices.Contains(q.methods(), methodDynamic) {

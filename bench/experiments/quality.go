@@ -41,7 +41,21 @@ type QualityOptions struct {
 	Reranker         *rerank.Reranker
 	RerankCandidates int
 	RescoreEvery     int
+	// Split is how the two sides' passages are drawn: SplitFiles (the
+	// default) or SplitRank.
+	Split string
 }
+
+// How E4 gives each side its passages.
+const (
+	// SplitFiles splits the corpus's documents between a device and a cloud
+	// index, alternately by file name; each side retrieves from its own.
+	SplitFiles = "files"
+	// SplitRank is DRAGON §7.2's: one index over the corpus, and of the
+	// top 2k passages the cloud gets the first k and the device the next k
+	// ("insufficient but complementary" sides).
+	SplitRank = "rank"
+)
 
 // The methods a Reranker adds.
 const (
@@ -70,7 +84,7 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		o.Log = func(string, ...any) {}
 	}
 	if len(o.Methods) == 0 {
-		o.Methods = qualityMethods
+		o.Methods = qualityMethods[1:]
 	}
 	for _, m := range o.Methods {
 		if !slices.Contains([]string{"device-only", "cloud-only", "context", "cloud-context", "dragon", methodRerank, methodDynamic}, m) {
@@ -83,6 +97,13 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 	if o.RescoreEvery <= 0 {
 		o.RescoreEvery = 16
 	}
+	switch o.Split {
+	case "":
+		o.Split = SplitFiles
+	case SplitFiles, SplitRank:
+	default:
+		return nil, 0, fmt.Errorf("experiments: E4 split %q: %s or %s", o.Split, SplitFiles, SplitRank)
+	}
 	texts, sources, err := promptset.Windows(o.Corpus, o.Windows, o.Words)
 	if err != nil {
 		return nil, 0, err
@@ -92,29 +113,45 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		return nil, 0, err
 	}
 	slices.Sort(names)
-	var halves [2][]string // device, cloud
+	var rest []string
 	for _, n := range names {
 		if !slices.Contains(sources, filepath.Base(n)) {
-			i := (len(halves[0]) + len(halves[1])) % 2
-			halves[i] = append(halves[i], n)
+			rest = append(rest, n)
 		}
 	}
-	var ix [2]*retrieval.Index
-	for i, side := range []string{"device", "cloud"} {
+	// One index per side, or one for both under SplitRank.
+	parts, sides := [][]string{rest}, []string{"shared"}
+	if o.Split == SplitFiles {
+		parts, sides = make([][]string, 2), []string{"device", "cloud"}
+		for i, n := range rest {
+			parts[i%2] = append(parts[i%2], n)
+		}
+	}
+	ix := make([]*retrieval.Index, len(parts))
+	for i, side := range sides {
 		dir, err := os.MkdirTemp("", "dragon-e4-"+side)
 		if err != nil {
 			return nil, 0, err
 		}
 		defer os.RemoveAll(dir)
-		x, _, err := retrieval.Build(ctx, filepath.Join(dir, "index"), retrieval.Options{Tokenizer: o.Model}, halves[i]...)
+		x, _, err := retrieval.Build(ctx, filepath.Join(dir, "index"), retrieval.Options{Tokenizer: o.Model}, parts[i]...)
 		if err != nil {
 			return nil, 0, fmt.Errorf("experiments: %s index: %w", side, err)
 		}
 		defer x.Close()
 		ix[i] = x
-		o.Log("E4: %s index of %d documents", side, len(halves[i]))
+		o.Log("E4: %s index of %d documents", side, len(parts[i]))
 	}
 	most := slices.Max(o.Passages)
+	// sidesOf are the device's and the cloud's k passages from what the
+	// indexes returned for the window.
+	sidesOf := func(hits [][]retrieval.Hit, k int) (device, cloud []retrieval.Hit) {
+		if o.Split == SplitRank {
+			all := hits[0]
+			return all[min(k, len(all)):min(2*k, len(all))], all[:min(k, len(all))]
+		}
+		return hits[0][:min(k, len(hits[0]))], hits[1][:min(k, len(hits[1]))]
+	}
 	out, err := decoder.New(o.Model, decoder.Options{MaxPassages: max(2*most, 1), CtxPerSeq: 512, Threads: o.Threads})
 	if err != nil {
 		return nil, 0, err
@@ -149,14 +186,18 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		if half[0] == "" || half[1] == "" {
 			continue
 		}
-		var hits, reranked [2][]retrieval.Hit
+		hits, reranked := make([][]retrieval.Hit, len(ix)), make([][]retrieval.Hit, len(ix))
 		for i := range ix {
-			if hits[i], err = ix[i].Search(ctx, half[0], max(most, 1), retrieval.ModeBM25); err != nil {
+			n, candidates := max(most, 1), o.RerankCandidates
+			if o.Split == SplitRank { // the one index serves both sides' k
+				n, candidates = 2*n, 2*candidates
+			}
+			if hits[i], err = ix[i].Search(ctx, half[0], n, retrieval.ModeBM25); err != nil {
 				return nil, 0, err
 			}
 			if o.Reranker != nil {
-				rs := &rerank.Searcher{Inner: ix[i], Reranker: o.Reranker, Candidates: o.RerankCandidates}
-				if reranked[i], err = rs.Search(ctx, half[0], max(most, 1), retrieval.ModeBM25); err != nil {
+				rs := &rerank.Searcher{Inner: ix[i], Reranker: o.Reranker, Candidates: candidates}
+				if reranked[i], err = rs.Search(ctx, half[0], n, retrieval.ModeBM25); err != nil {
 					return nil, 0, err
 				}
 			}
@@ -177,7 +218,7 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 				}
 				continue
 			}
-			d, c := hits[0][:min(k, len(hits[0]))], hits[1][:min(k, len(hits[1]))]
+			d, c := sidesOf(hits, k)
 			both := append(slices.Clone(d), c...)
 			for _, run := range []struct {
 				method string
@@ -194,7 +235,8 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 				nll[run.method][k] += x
 			}
 			if o.Reranker != nil && (measured(methodRerank) || measured(methodDynamic)) {
-				rboth := append(slices.Clone(reranked[0][:min(k, len(reranked[0]))]), reranked[1][:min(k, len(reranked[1]))]...)
+				rd, rc := sidesOf(reranked, k)
+				rboth := append(slices.Clone(rd), rc...)
 				prefixes, scores := nodebench.WithPassages(rboth, half[0])
 				if measured(methodRerank) {
 					x, _, err := nodebench.NLL(ctx, out, prefixes, scores, half[1])

@@ -167,6 +167,7 @@ first (make experiments does all of it).`,
 	f.StringVar(&o.FamilyOpts.Corpus, "family-corpus", "data/corpus/wiki/articles", "E4 as Fig. 5: folder of .txt documents (make wiki's Wikipedia articles)")
 	f.StringVar(&familyPassages, "family-passages", "0,1,2,4,8,16", "E4 as Fig. 5: passages per side")
 	f.IntVar(&o.FamilyOpts.Windows, "family-windows", 16, "E4 as Fig. 5: held-out windows")
+	f.StringVar(&o.FamilyOpts.Split, "family-split", experiments.SplitRank, "E4 as Fig. 5: the sides' passages: rank (the paper's: of one index's top 2k the cloud gets the first k, the device the next k) or files (each side an index of alternate documents)")
 	f.StringVar(&familyRerank, "family-rerank-model", "", "E4 as Fig. 5: also measure dragon with each side's candidates re-ranked by this cross-encoder (dragon-rerank) and with dynamic weights (dragon-dynamic)")
 	f.StringVar(&familyMethods, "family-methods", "", "E4 as Fig. 5: methods besides none, comma-separated (default cloud-context,context,dragon, and dragon-rerank,dragon-dynamic with --family-rerank-model)")
 	f.IntVar(&o.FamilyOpts.RerankCandidates, "family-rerank-candidates", 16, "E4 as Fig. 5, re-ranked methods: first-stage (BM25) candidates per side")
