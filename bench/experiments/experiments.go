@@ -119,6 +119,10 @@ type LatencyResults struct {
 	Passages      int                             `json:"passages"`
 	SimRuns       int                             `json:"sim_runs"`
 	SimSteps      int                             `json:"sim_steps"`
+	// DeviceModel and CloudModel, by file name (empty: the default model
+	// on both sides, as runs before them).
+	DeviceModel string `json:"device_model,omitempty"`
+	CloudModel  string `json:"cloud_model,omitempty"`
 }
 
 // QualityResults are E4.
@@ -233,6 +237,7 @@ func latency(ctx context.Context, o Options) (*LatencyResults, error) {
 	res := &LatencyResults{
 		LatencyMS: o.LatencyMS, Questions: len(o.Agg.Questions), Tokens: o.Agg.MaxTokens, Passages: o.Agg.Passages,
 		SimRuns: o.SimRuns, SimSteps: o.SimSteps,
+		DeviceModel: filepath.Base(o.Agg.Model), CloudModel: filepath.Base(cmp.Or(o.Agg.CloudModel, o.Agg.Model)),
 	}
 	agg := o.Agg
 	agg.LatencyMS = o.LatencyMS

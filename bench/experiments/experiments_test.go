@@ -77,6 +77,17 @@ func TestWrite(t *testing.T) {
 	assert.Contains(t, string(md), "the median of the per-question ratios is 1.00", "30/30, 40/20, 50/50")
 	assert.Contains(t, string(md), "same question): +20.0% at 0 ms; +0.0% at 300 ms; greedy / random:", "median of 1.2, 1, 1.25 and of 1, 1.2, 0.91")
 	assert.Contains(t, string(md), "## E4: quality (DRAGON Fig. 5)\n\nNot measured yet.")
+	assert.NotContains(t, string(md), "different models", "one model on both sides")
+
+	// A pair of models is named, with dragon against the slower side.
+	pair := *l
+	pair.DeviceModel, pair.CloudModel = "small.gguf", "large.gguf"
+	pairDir := t.TempDir()
+	require.NoError(t, Write(pairDir, Results{Latency: &pair}))
+	md, err = os.ReadFile(filepath.Join(pairDir, "EXPERIMENTS.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "Models: the device's small.gguf, the cloud's large.gguf.")
+	assert.Contains(t, string(md), "dragon / cloud-only: 0.88 at 0 ms; 0.94 at 300 ms;", "30 against 34, 60 against 64 ms")
 
 	// A later quality-only run keeps E1–E3 and adds E4.
 	back, err := Load(dir)

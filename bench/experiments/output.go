@@ -96,7 +96,11 @@ func report(r Results) string {
 		meta(l.Meta)
 		pr(" Real runs: medians over %d built-in questions (greedy, %d tokens, %d passages per side); ", l.Questions, l.Tokens, l.Passages)
 		pr("a cloud and a device process as in `dragon bench agg`, one core and one thread each, the device reaching the cloud through an ")
-		pr("in-process netsim link of one-way latency L with normal jitter of L/5 each way. Simulator: medians over %d runs of %d tokens.\n\n", l.SimRuns, l.SimSteps)
+		pr("in-process netsim link of one-way latency L with normal jitter of L/5 each way. Simulator: medians over %d runs of %d tokens.", l.SimRuns, l.SimSteps)
+		if l.DeviceModel != "" {
+			pr(" Models: the device's %s, the cloud's %s.", l.DeviceModel, l.CloudModel)
+		}
+		pr("\n\n")
 
 		pr("### E1: time per token against added latency (DRAGON Fig. 6)\n\n![E1](experiments/e1.png)\n\n")
 		table("Median time per token after the first", "ms", "L = ", keys, e1Modes, l.PerTokenMS)
@@ -106,6 +110,19 @@ func report(r Results) string {
 			pr("; the median of the per-question ratios is %.2f", p)
 		}
 		pr(".\n")
+		if l.DeviceModel != l.CloudModel {
+			// device-only runs the device's model alone, so the ratio above
+			// is the cost of the cloud's model as much as of the link.
+			pr("- The sides run different models, and dragon decodes at the slower side's pace. dragon / cloud-only:")
+			for _, k := range keys {
+				pr(" %.2f at %s ms;", ratio(l.PerTokenMS, "dragon", "cloud-only", k), k)
+			}
+			pr(" dragon / device-only:")
+			for _, k := range keys {
+				pr(" %.2f at %s ms;", ratio(l.PerTokenMS, "dragon", "device-only", k), k)
+			}
+			pr("\n")
+		}
 		if _, ok := l.PerTokenMS["dragon-blind"]; ok {
 			pr("- dragon-blind is DRAGON's protocol as published: a side never drafts beside the peer's drafts. dragon / dragon-blind:")
 			for _, k := range keys {
