@@ -1,6 +1,7 @@
 package experiments
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -173,11 +174,7 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 	// concatenated is the NLL of the window's second half after the
 	// passages of hits and its first half, in one sequence.
 	concatenated := func(hits []retrieval.Hit, first, second string) (float64, error) {
-		var all strings.Builder
-		for _, h := range hits {
-			all.WriteString(h.Passage.Text + "\n\n")
-		}
-		x, _, err := nodebench.NLL(ctx, cat, []string{all.String() + first}, []float64{0}, second)
+		x, _, err := nodebench.NLL(ctx, cat, []string{contextPrompt(hits, first)}, []float64{0}, second)
 		return x, err
 	}
 	tokens, windows := 0, 0
@@ -287,4 +284,18 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		}
 	}
 	return ppl, windows, nil
+}
+
+// contextPrompt is context aggregation's one sequence: the passages of
+// hits, the least relevant first, so that the most relevant is next to
+// the text, as in-context retrieval places its document (In-Context
+// RALM), then the text.
+func contextPrompt(hits []retrieval.Hit, text string) string {
+	hits = slices.Clone(hits)
+	slices.SortStableFunc(hits, func(a, b retrieval.Hit) int { return cmp.Compare(a.Score, b.Score) })
+	var all strings.Builder
+	for _, h := range hits {
+		all.WriteString(h.Passage.Text + "\n\n")
+	}
+	return all.String() + text
 }

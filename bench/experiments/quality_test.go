@@ -15,6 +15,7 @@ import (
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/internal/testmodel"
+	"github.com/dragon-rag/dragon/retrieval"
 )
 
 // TestQualitySplits: a corpus where one short document repeats the
@@ -78,4 +79,16 @@ func TestQualitySplits(t *testing.T) {
 
 	_, _, err = Quality(t.Context(), QualityOptions{Model: m, Corpus: dir, Windows: 1, Words: windowWords, Passages: []int{1}, Split: "halves"})
 	assert.ErrorContains(t, err, `split "halves"`)
+}
+
+func TestContextPromptPutsTheMostRelevantNextToTheText(t *testing.T) {
+	hit := func(text string, score float64) retrieval.Hit {
+		return retrieval.Hit{Passage: retrieval.Passage{Text: text}, Score: score}
+	}
+	// The device's k = 2 (ranks 3, 4), then the cloud's (ranks 1, 2), as
+	// the rank split hands them over.
+	hits := []retrieval.Hit{hit("third", 5), hit("fourth", 4), hit("first", 9), hit("second", 7)}
+	assert.Equal(t, "fourth\n\nthird\n\nsecond\n\nfirst\n\nThe text.", contextPrompt(hits, "The text."))
+	assert.Equal(t, "third", hits[0].Passage.Text, "the caller's order is kept")
+	assert.Equal(t, "The text.", contextPrompt(nil, "The text."))
 }
