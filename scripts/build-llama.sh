@@ -30,8 +30,11 @@
 # arithmetic stays that of ggml's one-row dot product, so every row is
 # bit for bit what it is in a pass of its own. Q4_1 weights (the default
 # model's): every pass takes our kernel, 8 rows a sweep, so a row's
-# arithmetic is the kernel's whatever its pass. With AVX-512 VNNI both
-# take two rows a 512-bit register, with the same exact sums.
+# arithmetic is the kernel's whatever its pass. With AVX-512 VNNI a
+# Q8_0 pass can also take two rows a 512-bit register, with the same
+# exact sums; which is the faster depends on the CPU, so a process times
+# both over its first passes and keeps the faster (DRAGON_Q8_KERNEL=rows
+# or pairs fixes the choice).
 #
 # Also in that exact mode, scripts/llama-attn.patch (ATTN=off leaves it
 # out) pads the KV cells a pass attends over to 32 rather than 256 and

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -101,6 +102,27 @@ func TestBatchRowsEqualOneByOne(t *testing.T) {
 		t.Cleanup(func() { m.Close() })
 		batchRowsEqualOneByOne(t, m)
 	})
+}
+
+// TestBatchRowsEqualOneByOneWithEachQ8Kernel: with AVX-512 VNNI two Q8_0
+// kernels can take a pass, and a process keeps whichever it times the
+// faster (after alternating them over its first passes). Each, fixed by
+// DRAGON_Q8_KERNEL in a process of its own, keeps every row bit for bit
+// (on other CPUs the variable changes nothing, and this repeats the test).
+func TestBatchRowsEqualOneByOneWithEachQ8Kernel(t *testing.T) {
+	if os.Getenv("DRAGON_Q8_KERNEL") != "" {
+		t.Skip("a child process of this test")
+	}
+	realModelPath(t)
+	for _, kernel := range []string{"rows", "pairs"} {
+		t.Run(kernel, func(t *testing.T) {
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestBatchRowsEqualOneByOne$/^Q8_0$", "-test.count=1")
+			cmd.Env = append(os.Environ(), "DRAGON_Q8_KERNEL="+kernel)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			assert.NotContains(t, string(out), "no tests to run")
+		})
+	}
 }
 
 func batchRowsEqualOneByOne(t *testing.T, m *Model) {
