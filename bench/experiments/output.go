@@ -112,8 +112,9 @@ func report(r Results) string {
 		pr(".\n")
 		if l.DeviceModel != l.CloudModel {
 			// device-only runs the device's model alone, so the ratio above
-			// is the cost of the cloud's model as much as of the link.
-			pr("- The sides run different models, and dragon decodes at the slower side's pace. dragon / cloud-only:")
+			// is the cost of the cloud's model as much as of the link; dragon
+			// cannot decode faster than the slower side.
+			pr("- The sides run different models. dragon / cloud-only:")
 			for _, k := range keys {
 				pr(" %.2f at %s ms;", ratio(l.PerTokenMS, "dragon", "cloud-only", k), k)
 			}
