@@ -46,13 +46,19 @@
 # the dot-product instructions (-march=armv8.2-a+dotprod), nothing newer,
 # so it runs on any ARMv8.2 core with dotprod (Cortex-A55/A75 and later,
 # i.e. phones since about 2018, a Raspberry Pi 5, a Jetson Orin, Graviton
-# 2+). Two choices there keep its arithmetic close to the x86 build's:
-# no +fp16 (with it ggml's f16 vector code accumulates in f16, where x86
-# converts to f32), and ggml's weight repacking off (GGML_CPU_REPACK; x86
-# never repacks Q8_0, ARM does, for a 4-row GEMM: with it, 12 rows decoded
-# in one pass differed from the same rows decoded one by one by up to 0.99
-# in a logit under qemu, without it not at all, and the decoder's
-# batched = alone invariant of docs/DESIGN-NOTES.md needs the latter).
+# 2+). No +fp16 there keeps its arithmetic close to the x86 build's (with
+# it ggml's f16 vector code accumulates in f16, where x86 converts to
+# f32).
+#
+# ggml's weight repacking is off there and in x86's exact build
+# (GGML_CPU_REPACK), as is its tiled K-quant matmul (below): it hands
+# passes of 4 rows and more to a GEMM over repacked weights whose sums
+# are not its one-row GEMV's, and the decoder's batched = alone invariant
+# (docs/DESIGN-NOTES.md) needs a row's logits not to depend on its pass.
+# ARM repacks Q8_0 (12 rows in one pass differed from the same rows one by
+# one by up to 0.99 in a logit under qemu); x86 repacks Qwen's Q4_K (the
+# same rows differed by up to 0.48 from 4 rows on, enough to flip greedy
+# answers).
 #
 # A no-op when OUT/BUILD records this very source and these flags.
 set -euo pipefail
@@ -127,6 +133,7 @@ if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact
     ;;
   esac
   guard=weights-under-$guard_rows-rows
+  flags+=(-DGGML_CPU_REPACK=OFF)
   case ${ATTN:-on} in
   on) attn=pad32-rm8 ;;
   off) ;;
@@ -140,6 +147,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 q8patch=$here/llama-kernels.patch
 attnpatch=$here/llama-attn.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
+if [ "$guard" != upstream ]; then
+  want+=" tiled-mm=opt-in"
+fi
 if [ "$q8rows" != off ]; then
   # The patch's own hash too, so an edited kernel rebuilds.
   want+=" q8-rows=$q8rows:$(sha256sum <"$q8patch" | cut -c1-16)"
@@ -180,6 +190,17 @@ fi
 tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
 if [ "$guard" != upstream ]; then
+  # ggml's tiled K-quant matmul takes passes of 8 rows and more (Qwen's
+  # Q4_K and Q6_K weights) with other sums than its one-row dot product,
+  # breaking batched = alone as repacking does: in the exact build it runs
+  # only where GGML_CPU_TILED_MM=1 asks for it.
+  tiled="$lsrc/ggml/src/ggml-cpu/tiled/tiled.cpp"
+  if [ "$(grep -c '^        enabled = env == NULL || atoi(env) != 0;$' "$tiled")" != 1 ]; then
+    echo "error: $tiled: the tiled matmul's switch is not where this script expects it" >&2
+    exit 1
+  fi
+  sed -i 's/^        enabled = env == NULL || atoi(env) != 0;$/        enabled = env != NULL \&\& atoi(env) != 0;/' "$tiled"
+  grep -q '^        enabled = env != NULL && atoi(env) != 0;$' "$tiled" || { echo "error: $tiled: the switch was not changed" >&2; exit 1; }
   # tinyBLAS's guard against one-row passes becomes one against passes
   # of under 4 (9 with the fused kernel) rows of weights: attention's F16
   # products then take tinyBLAS at every pass size.

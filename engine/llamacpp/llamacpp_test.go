@@ -88,7 +88,8 @@ func TestLinkedLibraryIsThePinnedOne(t *testing.T) {
 
 // Every row of a pass is bit for bit the row decoded alone, whatever the
 // pass size and thread count: 2 to 8 rows and 12, so 8 then 4, and later
-// passes also read the KV cache of earlier ones. On x86 both weight types take our kernels
+// passes also read the KV cache of earlier ones; on SmolLM2 as Q4_1 and
+// as Q8_0, and on Qwen's mixed K-quants. On x86 both weight types take our kernels
 // (scripts/llama-kernels.patch): the default Q4_1 at every pass size, its
 // rows' arithmetic the same in each; Q8_0 at 2 to 8 rows (tinyBLAS at 12),
 // each row as ggml's one-row dot product.
@@ -98,6 +99,15 @@ func TestBatchRowsEqualOneByOne(t *testing.T) {
 		q8 := filepath.Join(t.TempDir(), "q8_0.gguf")
 		require.NoError(t, Quantize(realModelPath(t), q8, "q8_0", 1))
 		m, err := Load(q8, Options{Threads: 1})
+		require.NoError(t, err)
+		t.Cleanup(func() { m.Close() })
+		batchRowsEqualOneByOne(t, m)
+	})
+	// Qwen's K-quants take upstream's kernels: its repacked GEMM (from 4
+	// rows) and tiled matmul (from 8) sum in other orders than the one-row
+	// dot product, so the exact build turns both off.
+	t.Run("Qwen 0.5B", func(t *testing.T) {
+		m, err := Load(testmodel.QwenDevicePath(t), Options{Threads: 1})
 		require.NoError(t, err)
 		t.Cleanup(func() { m.Close() })
 		batchRowsEqualOneByOne(t, m)
