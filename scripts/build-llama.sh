@@ -189,28 +189,28 @@ if ! echo "$sha  $tarball" | sha256sum -c --status; then
 fi
 tar -xzf "$tarball" -C "$src" "llama_cpp_python-$ver/vendor/llama.cpp"
 lsrc="$src/llama_cpp_python-$ver/vendor/llama.cpp"
+# replace_line FILE WHAT OLD NEW: OLD must be exactly one whole line of
+# FILE (WHAT names it in errors); it becomes NEW.
+replace_line() {
+  if [ "$(grep -cxF -e "$3" "$1")" != 1 ]; then
+    echo "error: $1: $2 is not where this script expects it" >&2
+    exit 1
+  fi
+  awk -v old="$3" -v new="$4" '$0 == old { print new; next } { print }' "$1" >"$1.new" && mv "$1.new" "$1"
+  grep -qxF -e "$4" "$1" || { echo "error: $1: $2 was not changed" >&2; exit 1; }
+}
 if [ "$guard" != upstream ]; then
   # ggml's tiled K-quant matmul takes passes of 8 rows and more (Qwen's
   # Q4_K and Q6_K weights) with other sums than its one-row dot product,
   # breaking batched = alone as repacking does: in the exact build it runs
   # only where GGML_CPU_TILED_MM=1 asks for it.
-  tiled="$lsrc/ggml/src/ggml-cpu/tiled/tiled.cpp"
-  if [ "$(grep -c '^        enabled = env == NULL || atoi(env) != 0;$' "$tiled")" != 1 ]; then
-    echo "error: $tiled: the tiled matmul's switch is not where this script expects it" >&2
-    exit 1
-  fi
-  sed -i 's/^        enabled = env == NULL || atoi(env) != 0;$/        enabled = env != NULL \&\& atoi(env) != 0;/' "$tiled"
-  grep -q '^        enabled = env != NULL && atoi(env) != 0;$' "$tiled" || { echo "error: $tiled: the switch was not changed" >&2; exit 1; }
+  replace_line "$lsrc/ggml/src/ggml-cpu/tiled/tiled.cpp" "the tiled matmul's switch" \
+    '        enabled = env == NULL || atoi(env) != 0;' '        enabled = env != NULL && atoi(env) != 0;'
   # tinyBLAS's guard against one-row passes becomes one against passes
   # of under 4 (9 with the fused kernel) rows of weights: attention's F16
   # products then take tinyBLAS at every pass size.
-  sgemm="$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
-  if [ "$(grep -c '^    if (n < 2)$' "$sgemm")" != 1 ]; then
-    echo "error: $sgemm: the one-row guard is not where this script expects it" >&2
-    exit 1
-  fi
-  sed -i "s/^    if (n < 2)\$/    if (n < $guard_rows \&\& Atype != GGML_TYPE_F16)/" "$sgemm"
-  grep -q "^    if (n < $guard_rows && Atype != GGML_TYPE_F16)\$" "$sgemm" || { echo "error: $sgemm: the guard was not changed" >&2; exit 1; }
+  replace_line "$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp" "the one-row guard" \
+    '    if (n < 2)' "    if (n < $guard_rows && Atype != GGML_TYPE_F16)"
 fi
 # Our patches; patch refuses a source whose lines differ from a patch's
 # context at all.
