@@ -25,8 +25,25 @@ type Draft struct {
 	dist    codec.Sparse
 	logMass float64
 	payload []byte
+	// fork is 0 for a draft of the side's main chain and s+1 for one of
+	// the hedge branch forked at step s (Proposer.ProposeBranch); a Node
+	// that adopts a branch relabels its drafts as the new epoch's main
+	// chain.
+	fork uint64
+	// hedge, when hedged, is the alternative token at this step whose
+	// branch the side decodes beside its main chain (Draft.WithHedge).
+	hedge  int32
+	hedged bool
+	// origin is the epoch and fork the draft was made with, kept through
+	// relabelling (for tests that trace a draft to its prefix).
+	origin origin
 	// Meta is for the profiler; it does not take part in aggregation.
 	Meta Meta
+}
+
+type origin struct {
+	epoch uint32
+	fork  uint64
 }
 
 // Meta is what a draft tells the profiler about how it was made.
@@ -66,7 +83,56 @@ func (d *Draft) LogMass() float64 { return d.logMass }
 // Payload is Dist encoded by package codec: what travels on the wire.
 func (d *Draft) Payload() []byte { return d.payload }
 
+// Fork is the step the draft's hedge branch forked at; ok is false for a
+// draft of the main chain.
+func (d *Draft) Fork() (step uint64, ok bool) { return d.fork - 1, d.fork != 0 }
+
+// WireFork is Fork as the wire carries it: 0 for the main chain, the fork
+// step + 1 for a branch.
+func (d *Draft) WireFork() uint64 { return d.fork }
+
+// Hedge is the alternative token the side hedged at this step; ok is
+// false when it hedged none.
+func (d *Draft) Hedge() (tok int32, ok bool) { return d.hedge, d.hedged }
+
+// WithHedge is d declaring a hedge on tok: the side also decodes the
+// branch that continues the answer with tok instead of d's token at this
+// step, and sends that branch's drafts (ProposeBranch), so that when the
+// aggregator decides tok here the side's next distributions are already
+// on their way instead of a round trip later. tok must be another token
+// of d's distribution; a branch draft cannot hedge (branches do not nest).
+func (d Draft) WithHedge(tok int32) (Draft, error) {
+	if err := checkHedge(&d, tok); err != nil {
+		return Draft{}, err
+	}
+	d.hedge, d.hedged = tok, true
+	return d, nil
+}
+
+func checkHedge(d *Draft, tok int32) error {
+	switch {
+	case d.fork != 0:
+		return fmt.Errorf("aggregator: %v is on a branch and cannot hedge", d)
+	case tok == d.token:
+		return fmt.Errorf("aggregator: %v hedges its own token", d)
+	case d.dist.Prob(tok) <= 0:
+		return fmt.Errorf("aggregator: %v hedges token %d, which its distribution does not hold", d, tok)
+	}
+	return nil
+}
+
+// RunnerUp is the most probable token of d's distribution other than its
+// own (the lowest id on ties); ok is false when there is none. Rejected
+// drafts' targets were mostly this token (Stats.SecondChoice).
+func (d *Draft) RunnerUp() (tok int32, ok bool) {
+	t := secondChoice(&d.dist, d.token)
+	return t, t >= 0
+}
+
 func (d *Draft) String() string {
+	if f, ok := d.Fork(); ok {
+		return fmt.Sprintf("%v draft step %d epoch %d token %d on the branch forked at step %d", d.side, d.step, d.epoch, d.token, f)
+	}
 	return fmt.Sprintf("%v draft step %d epoch %d token %d", d.side, d.step, d.epoch, d.token)
 }
 
@@ -116,7 +182,27 @@ func (p *Proposer) Propose(probs []float32, step uint64, epoch uint32, logMass f
 	} else {
 		tok = drawU(&p.view, DraftUniform(p.seed, p.side, step))
 	}
-	return Draft{side: p.side, step: step, epoch: epoch, token: tok, dist: p.view.Clone(), logMass: logMass, payload: payload}, nil
+	return Draft{side: p.side, step: step, epoch: epoch, token: tok, dist: p.view.Clone(), logMass: logMass, payload: payload,
+		origin: origin{epoch: epoch}}, nil
+}
+
+// ProposeBranch drafts step on the hedge branch forked at step fork (<
+// step) under epoch, the main chain's epoch when the hedge was declared:
+// probs were decoded on the answer with the hedged token at fork. It
+// drafts as Propose does (the token a side that rolled back to the hedged
+// token would draft), never beside the peer's drafts, which are on the
+// main chain.
+func (p *Proposer) ProposeBranch(probs []float32, step uint64, epoch uint32, logMass float64, fork uint64) (Draft, error) {
+	if step <= fork {
+		return Draft{}, fmt.Errorf("aggregator: branch draft of step %d forked at step %d", step, fork)
+	}
+	d, err := p.Propose(probs, step, epoch, logMass)
+	if err != nil {
+		return Draft{}, err
+	}
+	d.fork = fork + 1
+	d.origin.fork = d.fork
+	return d, nil
 }
 
 // ProposeBeside is Propose for a step whose peer draft, drafted on the
@@ -151,7 +237,8 @@ func (p *Proposer) ProposeBeside(probs []float32, step uint64, epoch uint32, log
 	if err != nil {
 		return Draft{}, fmt.Errorf("aggregator: encode the distribution of step %d with token %d: %w", step, t, err)
 	}
-	kept := Draft{side: p.side, step: step, epoch: epoch, token: t, dist: p.view.Clone(), logMass: logMass, payload: payload, Meta: Meta{Moved: true}}
+	kept := Draft{side: p.side, step: step, epoch: epoch, token: t, dist: p.view.Clone(), logMass: logMass, payload: payload,
+		origin: origin{epoch: epoch}, Meta: Meta{Moved: true}}
 	if kept.dist.Prob(t) <= 0 || p.mixtureArgmax(&kept, peer) != t {
 		return d, nil
 	}
@@ -176,6 +263,12 @@ type WireDraft struct {
 	Payload []byte
 	LogMass float64
 	Meta    Meta
+	// Fork is Draft.WireFork: 0 for the main chain, s+1 for the branch
+	// forked at step s.
+	Fork uint64
+	// Hedge is the hedged token when Hedged (Draft.Hedge).
+	Hedge  int32
+	Hedged bool
 }
 
 // DecodeDraft rebuilds a peer's draft from its wire form. A payload the
@@ -188,12 +281,22 @@ func DecodeDraft(dec *codec.Decoder, w WireDraft) (Draft, error) {
 	if math.IsNaN(w.LogMass) || math.IsInf(w.LogMass, 1) {
 		return Draft{}, fmt.Errorf("%w: %v draft for step %d has relevance mass %v", ErrProtocol, w.Side, w.Step, w.LogMass)
 	}
-	d := Draft{side: w.Side, step: w.Step, epoch: w.Epoch, token: w.Token, logMass: w.LogMass, payload: w.Payload, Meta: w.Meta}
+	d := Draft{side: w.Side, step: w.Step, epoch: w.Epoch, token: w.Token, logMass: w.LogMass, payload: w.Payload, Meta: w.Meta,
+		fork: w.Fork, origin: origin{epoch: w.Epoch, fork: w.Fork}}
 	if err := dec.Decode(w.Payload, &d.dist); err != nil {
 		return Draft{}, fmt.Errorf("%w: %v draft for step %d: %w", ErrProtocol, w.Side, w.Step, err)
 	}
 	if d.dist.Prob(w.Token) <= 0 {
 		return Draft{}, fmt.Errorf("%w: %v draft for step %d: token %d is outside the distribution it was drawn from", ErrProtocol, w.Side, w.Step, w.Token)
+	}
+	if f, ok := d.Fork(); ok && w.Step <= f {
+		return Draft{}, fmt.Errorf("%w: %v draft for step %d on a branch forked at step %d", ErrProtocol, w.Side, w.Step, f)
+	}
+	if w.Hedged {
+		if err := checkHedge(&d, w.Hedge); err != nil {
+			return Draft{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+		}
+		d.hedge, d.hedged = w.Hedge, true
 	}
 	return d, nil
 }

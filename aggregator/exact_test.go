@@ -78,13 +78,41 @@ type exactCase struct {
 	// share: Config.Share, so the side that does not aggregate decides
 	// the steps it holds both drafts of itself.
 	share bool
+	// hedge: the side that does not aggregate hedges its runner-up
+	// (hedgedWorld).
+	hedge bool
 }
 
 var exactCases = []exactCase{
-	{"one draft at a time", 1, 1, 0, false},
-	{"bursts", 4, 8, 0, false},
-	{"bursts and handovers", 4, 8, 0.2, false},
-	{"bursts, handovers and shared drafts", 4, 8, 0.2, true},
+	{"one draft at a time", 1, 1, 0, false, false},
+	{"bursts", 4, 8, 0, false, false},
+	{"bursts and handovers", 4, 8, 0.2, false, false},
+	{"bursts, handovers and shared drafts", 4, 8, 0.2, true, false},
+	{"bursts, handovers, shared drafts and hedges", 4, 8, 0.2, true, true},
+}
+
+// hedged sets cfg to hedge: up to 3 hedges open a side, branches 6 deep,
+// the runner-up of half the main drafts of a side that does not
+// aggregate.
+func (c exactCase) hedged(cfg worldConfig) worldConfig {
+	if c.hedge {
+		cfg.hedges, cfg.hedgeDepth, cfg.hedgeProb = 3, 6, 0.5
+	}
+	return cfg
+}
+
+// checkHedges asserts that a hedged run adopted branches on both Nodes
+// alike and produced as many adoptions as the Nodes counted.
+func checkHedges(t *testing.T, w *world) {
+	hits := 0
+	for i, side := range Sides {
+		st := w.nodes[i].Stats(side)
+		hits += w.sides[i].hedgeHits
+		assert.Equal(t, uint64(w.sides[i].hedgeHits), st.HedgeHits, "%v adopted a branch for each hedge hit its Node counted", side)
+		assert.Positive(t, st.Hedges, "%v hedged", side)
+	}
+	t.Logf("%d branches adopted", hits)
+	assert.Greater(t, hits, 100, "rejections landed on hedges")
 }
 
 // TestSpeculativeAggregationIsExact runs ≥ 20,000 aggregations per case on
@@ -95,11 +123,11 @@ func TestSpeculativeAggregationIsExact(t *testing.T) {
 		for i, c := range exactCases {
 			t.Run(fmt.Sprintf("eta=%.1f/%s", eta, c.name), func(t *testing.T) {
 				dist := disagreeing(11)
-				w := newWorld(t, worldConfig{
+				w := newWorld(t, c.hedged(worldConfig{
 					seed: uint64(1000*eta) + uint64(i), topP: 1, dist: dist, logMass: logMass(eta),
 					maxBurst: c.maxBurst, lookahead: c.lookahead, switchProb: c.switchProb, staleProb: 0.5,
 					first: Device, steps: steps, share: c.share,
-				})
+				}))
 				w.run()
 				targets := w.agreed()
 				require.GreaterOrEqual(t, len(targets), steps)
@@ -114,6 +142,9 @@ func TestSpeculativeAggregationIsExact(t *testing.T) {
 				if c.share {
 					t.Logf("%d steps decided by both Nodes", w.redecided)
 					assert.Greater(t, w.redecided, steps/20, "the side that does not aggregate decided steps itself")
+				}
+				if c.hedge {
+					checkHedges(t, w)
 				}
 			})
 		}
@@ -256,7 +287,7 @@ func TestSpeculativeAggregationIsExactWithConfidenceWeights(t *testing.T) {
 func runExactCase(t *testing.T, c exactCase, cfg worldConfig) (*world, []int32) {
 	cfg.topP, cfg.maxBurst, cfg.lookahead, cfg.switchProb, cfg.staleProb = 1, c.maxBurst, c.lookahead, c.switchProb, 0.5
 	cfg.first, cfg.steps, cfg.share = Cloud, 20000, c.share
-	w := newWorld(t, cfg)
+	w := newWorld(t, c.hedged(cfg))
 	w.run()
 	targets := w.agreed()
 	require.GreaterOrEqual(t, len(targets), 20000)
@@ -308,25 +339,31 @@ func TestBrokenRuleFailsExactnessTest(t *testing.T) {
 // rejections; the harness checks each such peer draft's prefix).
 func TestGreedyTargetIsMixtureArgmax(t *testing.T) {
 	rejected := map[bool]uint64{}
+	hedgeHits := 0
 	for _, c := range []struct {
-		eta   float64
-		share bool
-	}{{0.2, false}, {0.5, false}, {0.8, false}, {0.2, true}, {0.5, true}, {0.8, true}} {
+		eta          float64
+		share, hedge bool
+	}{{0.2, false, false}, {0.5, false, false}, {0.8, false, false}, {0.2, true, false}, {0.5, true, false}, {0.8, true, false}, {0.2, true, true}, {0.5, true, true}, {0.8, true, true}} {
 		eta := c.eta
 		dist := disagreeing(5)
-		w := newWorld(t, worldConfig{
+		w := newWorld(t, exactCase{hedge: c.hedge}.hedged(worldConfig{
 			seed: 3, greedy: true, topP: 1, dist: dist, logMass: logMass(eta), share: c.share,
 			maxBurst: 3, lookahead: 6, switchProb: 0.3, staleProb: 0.5, first: Cloud, steps: 500,
-		})
+		}))
 		w.run()
 		targets := w.agreed()
+		if c.hedge {
+			hedgeHits += w.sides[0].hedgeHits + w.sides[1].hedgeHits
+		}
 		if c.share {
 			assert.Positive(t, w.moved, "eta %.1f: drafts moved to the mixture's argmax", eta)
 		} else {
 			assert.Zero(t, w.beside, "eta %.1f", eta)
 		}
 		st := [2]Stats{w.nodes[0].Stats(Device), w.nodes[0].Stats(Cloud)}
-		rejected[c.share] += st[0].Rejected + st[1].Rejected
+		if !c.hedge {
+			rejected[c.share] += st[0].Rejected + st[1].Rejected
+		}
 		prev := len(dist[0][0])
 		for step, tok := range targets {
 			best, bestP := -1, -1.0
@@ -339,6 +376,7 @@ func TestGreedyTargetIsMixtureArgmax(t *testing.T) {
 			prev = int(tok)
 		}
 	}
-	t.Logf("rejected drafts: %d blind, %d beside the peer's", rejected[false], rejected[true])
+	t.Logf("rejected drafts: %d blind, %d beside the peer's; %d adopted hedge branches", rejected[false], rejected[true], hedgeHits)
+	assert.Positive(t, hedgeHits, "greedy rejections landed on hedges")
 	assert.Less(t, rejected[true], rejected[false]*3/4, "shared drafts cut rejections")
 }

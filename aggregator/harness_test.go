@@ -76,7 +76,10 @@ type draftKey struct {
 	side  Side
 	step  uint64
 	epoch uint32
+	fork  uint64
 }
+
+func keyOf(d *Draft) draftKey { return draftKey{d.side, d.step, d.origin.epoch, d.origin.fork} }
 
 type worldConfig struct {
 	seed       uint64
@@ -101,6 +104,11 @@ type worldConfig struct {
 	rescore      func(prefix []int32) float64
 	// confidence is Config.Confidence on both Nodes and Proposers.
 	confidence float64
+	// hedges and hedgeDepth are Config.Hedges and HedgeDepth; a side that
+	// does not aggregate hedges its runner-up with chance hedgeProb per
+	// main draft while it has fewer than hedges open.
+	hedges, hedgeDepth int
+	hedgeProb          float64
 }
 
 // massAt is the h̃ side i drafts step with, given its prefix.
@@ -117,19 +125,46 @@ func (w *world) massAt(i int, step uint64, prefix []int32) float64 {
 type producer struct {
 	side Side
 	prop *Proposer
-	// The prefix: its length, last token and hash, and its tokens.
-	n       int
-	last    int32
-	hash    uint64
-	toks    []int32
+	chain
 	epoch   uint32
 	pending []Draft // computed, not yet handed to the Node (a pass in flight)
+	// branches are the live hedge branches, by fork step.
+	branches []*branch
+	// hedgeHits counts adoptions of a branch.
+	hedgeHits int
+}
+
+// chain is a prefix: its length, last token and hash, and its tokens.
+type chain struct {
+	n    int
+	last int32
+	hash uint64
+	toks []int32
+}
+
+func (c *chain) extend(tok int32) {
+	c.n, c.last, c.hash = c.n+1, tok, extendHash(c.hash, tok)
+	c.toks = append(c.toks, tok)
+}
+
+func (c chain) clone() chain {
+	c.toks = slices.Clone(c.toks)
+	return c
+}
+
+// branch is a hedge branch: the prefix with the hedged token at fork,
+// drafted under the main chain's epoch then.
+type branch struct {
+	chain
+	fork  uint64
+	epoch uint32
 }
 
 func newWorld(t testing.TB, cfg worldConfig) *world {
 	w := &world{t: t, r: rand.New(rand.NewPCG(cfg.seed, 99)), cfg: cfg, prefixes: map[draftKey]uint64{}, truthHash: []uint64{0}}
 	for i, side := range Sides {
-		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed, Share: cfg.share, Confidence: cfg.confidence})
+		n, err := New(Config{Self: side, Aggregator: cfg.first, Greedy: cfg.greedy, Seed: cfg.seed, Share: cfg.share, Confidence: cfg.confidence,
+			Hedges: cfg.hedges, HedgeDepth: cfg.hedgeDepth})
 		require.NoError(t, err)
 		if cfg.rule != nil {
 			n.rule = cfg.rule
@@ -164,7 +199,7 @@ func (w *world) checkPrefixes(p pair, step uint64) {
 	w.verified++
 	require.LessOrEqual(w.t, step, uint64(len(w.truth)), "steps are decided in order")
 	for _, d := range p.draft {
-		got, ok := w.prefixes[draftKey{d.side, d.step, d.epoch}]
+		got, ok := w.prefixes[keyOf(d)]
 		require.True(w.t, ok)
 		require.Equal(w.t, step, d.step)
 		if got != w.truthHash[step] {
@@ -216,6 +251,9 @@ func (w *world) canDraft(i int) bool {
 func (w *world) draft(i int) {
 	p := w.sides[i]
 	n := 1 + w.r.IntN(w.cfg.maxBurst)
+	// Branches whose fork the Node decided on the main chain's draft died.
+	decided := len(w.decided[i])
+	p.branches = slices.DeleteFunc(p.branches, func(b *branch) bool { return int(b.fork) < decided })
 	for range n {
 		step := uint64(p.n)
 		probs := w.cfg.dist[i].next(p.n, p.last)
@@ -233,10 +271,30 @@ func (w *world) draft(i int) {
 			d, err = p.prop.Propose(probs, step, p.epoch, w.massAt(i, step, p.toks))
 		}
 		require.NoError(w.t, err)
-		w.prefixes[draftKey{p.side, step, p.epoch}] = p.hash
-		p.n, p.last, p.hash = p.n+1, d.Token(), extendHash(p.hash, d.Token())
-		p.toks = append(p.toks, d.Token())
+		w.prefixes[keyOf(&d)] = p.hash
+		if alt, ok := d.RunnerUp(); ok && !w.nodes[i].Aggregating() && len(p.branches) < w.cfg.hedges && w.r.Float64() < w.cfg.hedgeProb {
+			d, err = d.WithHedge(alt)
+			require.NoError(w.t, err)
+			b := &branch{chain: p.chain.clone(), fork: step, epoch: p.epoch}
+			b.extend(alt)
+			p.branches = append(p.branches, b)
+		}
+		p.extend(d.Token())
 		p.pending = append(p.pending, d)
+	}
+	// The same pass decodes each branch a step further, to its depth.
+	for _, b := range p.branches {
+		for range n {
+			step := uint64(b.n)
+			if step-b.fork > uint64(w.cfg.hedgeDepth) {
+				break
+			}
+			d, err := p.prop.ProposeBranch(w.cfg.dist[i].next(b.n, b.last), step, b.epoch, w.massAt(i, step, b.toks), b.fork)
+			require.NoError(w.t, err)
+			w.prefixes[keyOf(&d)] = b.hash
+			b.extend(d.Token())
+			p.pending = append(p.pending, d)
+		}
 	}
 }
 
@@ -263,7 +321,7 @@ func (w *world) peerDraft(i int) *Draft {
 		}
 	}
 	d := chain[p.n-from]
-	require.Equal(w.t, w.prefixes[draftKey{d.side, d.step, d.epoch}], p.hash, "%v is on another prefix than %v's step %d", &d, p.side, p.n)
+	require.Equal(w.t, w.prefixes[keyOf(&d)], p.hash, "%v is on another prefix than %v's step %d", &d, p.side, p.n)
 	return &d
 }
 
@@ -301,9 +359,21 @@ func (w *world) apply(i int, ev Event) {
 		case Rollback:
 			p := w.sides[i]
 			require.Equal(w.t, uint64(len(w.decided[i])-1), a.Step)
+			p.epoch = a.Epoch
+			if a.Hedged {
+				// The branch becomes the chain; its drafts in the pass in
+				// flight are the new epoch's, so the pass is kept.
+				k := slices.IndexFunc(p.branches, func(b *branch) bool { return b.fork == a.Step })
+				require.GreaterOrEqual(w.t, k, 0, "adopted a branch this side has not got")
+				require.Equal(w.t, w.decidedHash[i], extendHash(w.prefixes[draftKey{p.side, a.Step, p.branches[k].epoch, 0}], a.Target))
+				p.chain = p.branches[k].chain
+				p.branches = nil
+				p.hedgeHits++
+				continue
+			}
+			p.branches = nil
 			p.n, p.last, p.hash = len(w.decided[i]), a.Target, w.decidedHash[i]
 			p.toks = slices.Clone(w.decided[i])
-			p.epoch = a.Epoch
 			if p.pending != nil && w.r.Float64() >= w.cfg.staleProb {
 				p.pending = nil // the pass in flight was aborted
 			}

@@ -36,6 +36,13 @@ type Config struct {
 	// of itself, by the aggregator's rule, instead of waiting a round trip
 	// for the verdict (which must then agree). Both sides must agree.
 	Share bool
+	// Hedges is the most hedges (Draft.WithHedge) a side may have open at
+	// once, HedgeDepth the most drafts of each one's branch; 0 turns
+	// hedging off, and a peer that hedges anyway breaks the protocol.
+	// Hedging needs Share: both Nodes then know both sides' hedges, so
+	// they agree on whether a rejection landed on one. Both sides must
+	// agree.
+	Hedges, HedgeDepth int
 }
 
 func (c Config) validate() error {
@@ -47,6 +54,12 @@ func (c Config) validate() error {
 	}
 	if !ValidConfidence(c.Confidence) {
 		return fmt.Errorf("aggregator: config: confidence temperature %v: want 0 (off) or a positive number", c.Confidence)
+	}
+	switch {
+	case c.Hedges < 0 || c.HedgeDepth < 0:
+		return fmt.Errorf("aggregator: config: %d hedges of depth %d", c.Hedges, c.HedgeDepth)
+	case c.Hedges > 0 && (c.HedgeDepth == 0 || !c.Share):
+		return fmt.Errorf("aggregator: config: hedges need a branch depth and shared drafts")
 	}
 	return nil
 }
@@ -73,6 +86,10 @@ type Verdict struct {
 	// Moved is each draft's Meta.Moved: an accepted moved draft is a
 	// rejection of the side's own argmax as far as the profiler goes.
 	Moved [2]bool
+	// Hedged says, for a rejected draft, that the target is the token the
+	// side hedged at this step: the side adopts that branch (its drafts
+	// become the new epoch's) instead of drafting anew from the target.
+	Hedged [2]bool
 }
 
 // Accepted reports whether side's draft was accepted.
@@ -133,10 +150,15 @@ type (
 	// Rollback follows the Decided of a step that rejected this side's
 	// draft: continue from the decided answer (Target at Step) and draft
 	// Step+1 on under Epoch; anything computed on the old prefix is stale.
+	// Hedged: Target is the token this side hedged at Step, and its
+	// branch is now the main chain: keep it, and draft on from the end of
+	// the branch under Epoch (drafts of the branch still in flight count
+	// as Epoch's).
 	Rollback struct {
 		Step   uint64
 		Target int32
 		Epoch  uint32
+		Hedged bool
 	}
 	// Done: the generation is over after Steps target tokens (an end token
 	// or MaxSteps).
@@ -169,6 +191,10 @@ type Stats struct {
 	// LowProb / (Accepted + Rejected) of its steps and catch
 	// LowProbCaught / Rejected of its rejections.
 	LowProb, LowProbCaught [len(HedgeThresholds)]uint64
+	// Hedges counts hedges declared (Draft.WithHedge), HedgeHits the
+	// rejections whose target was the side's hedge: each adopted a branch
+	// instead of rolling back.
+	Hedges, HedgeHits uint64
 }
 
 // HedgeThresholds are the draft probabilities Stats.LowProb is counted
@@ -185,7 +211,54 @@ type sideState struct {
 	// drafts are shared (Config.Share). A non-empty queue starts at the
 	// first undecided step.
 	queue []Draft
-	stats Stats
+	// hedges are the side's open hedges, all of the current epoch, in
+	// step order from NextStep on.
+	hedges []hedge
+	// adopted is the branch the current epoch began from, if it did: that
+	// branch's drafts, still arriving, are the epoch's main chain.
+	adopted adoption
+	stats   Stats
+}
+
+// hedge is an open hedge of a side: at step fork it decodes token too, and
+// queue holds the drafts of that branch that arrived, in step order.
+type hedge struct {
+	fork   uint64
+	token  int32
+	expect uint64
+	queue  []Draft
+}
+
+// adoption is a branch that became a side's main chain: drafts of the
+// branch forked at fork under epoch from are epoch to's.
+type adoption struct {
+	ok       bool
+	from, to uint32
+	fork     uint64
+}
+
+// hedgeAt is the side's open hedge at step fork, or nil.
+func (s *sideState) hedgeAt(fork uint64) *hedge {
+	for i := range s.hedges {
+		if s.hedges[i].fork == fork {
+			return &s.hedges[i]
+		}
+	}
+	return nil
+}
+
+// adopts reports whether d is a draft of the branch the side's current
+// epoch adopted.
+func (s *sideState) adopts(d *Draft) bool {
+	f, ok := d.Fork()
+	return ok && s.adopted.ok && s.adopted.to == s.epoch && d.epoch == s.adopted.from && f == s.adopted.fork
+}
+
+// asMain is a draft of the adopted branch relabelled as the current
+// epoch's main chain.
+func (s *sideState) asMain(d Draft) Draft {
+	d.epoch, d.fork = s.epoch, 0
+	return d
 }
 
 // Node is one side's view of a generation. It is not safe for concurrent
@@ -270,24 +343,90 @@ func (n *Node) Step(ev Event) ([]Action, error) {
 	return nil, fmt.Errorf("aggregator: unknown event %T", ev)
 }
 
-// admit sorts a draft of side, for this Node to decide, into current (true),
-// stale (false) or a protocol violation.
-func (n *Node) admit(side Side, d *Draft) (bool, error) {
+// take sorts a draft of side, for this Node to decide, into kept (the
+// side's queue, or an open hedge's branch), stale (false) or a protocol
+// violation.
+func (n *Node) take(side Side, d *Draft) (bool, error) {
 	s := &n.sides[side.Index()]
-	switch {
-	case d.side != side:
+	if d.side != side {
 		return false, fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, side)
-	case d.epoch < s.epoch:
-		s.stats.Stale++
-		return false, nil
+	}
+	if err := n.checkShape(d); err != nil {
+		return false, err
+	}
+	fork, branch := d.Fork()
+	adopted := s.adopts(d)
+	switch {
 	case d.epoch > s.epoch:
 		return false, fmt.Errorf("%w: %v is ahead of the current epoch %d", ErrProtocol, d, s.epoch)
+	case branch && !adopted && d.epoch == s.epoch:
+		return n.takeBranch(s, d, fork)
+	case d.epoch < s.epoch && !adopted:
+		s.stats.Stale++
+		return false, nil
 	case d.step != s.expect:
 		return false, fmt.Errorf("%w: %v, but the side's next draft is step %d", ErrProtocol, d, s.expect)
 	}
+	if tok, ok := d.Hedge(); ok {
+		if len(s.hedges) >= n.cfg.Hedges {
+			return false, fmt.Errorf("%w: %v opens a hedge beyond the %d the side may have open", ErrProtocol, d, n.cfg.Hedges)
+		}
+		s.hedges = append(s.hedges, hedge{fork: d.step, token: tok, expect: d.step + 1})
+		s.stats.Hedges++
+	}
 	s.expect++
 	s.stats.Admitted++
+	if adopted {
+		s.queue = append(s.queue, s.asMain(*d))
+	} else {
+		s.queue = append(s.queue, *d)
+	}
 	return true, nil
+}
+
+// takeBranch keeps a draft of the current epoch's hedge branch forked at
+// fork.
+func (n *Node) takeBranch(s *sideState, d *Draft, fork uint64) (bool, error) {
+	h := s.hedgeAt(fork)
+	switch {
+	case h == nil && fork < n.next:
+		// The step was decided on the main chain's draft: the branch died.
+		s.stats.Stale++
+		return false, nil
+	case h == nil:
+		return false, fmt.Errorf("%w: %v, but the side hedged no token at step %d", ErrProtocol, d, fork)
+	case d.step != h.expect:
+		return false, fmt.Errorf("%w: %v, but the branch's next draft is step %d", ErrProtocol, d, h.expect)
+	}
+	h.expect++
+	h.queue = append(h.queue, *d)
+	return true, nil
+}
+
+// checkShape refuses hedges and branch drafts the configuration does not
+// allow.
+func (n *Node) checkShape(d *Draft) error {
+	fork, branch := d.Fork()
+	_, hedged := d.Hedge()
+	switch {
+	case (branch || hedged) && n.cfg.Hedges == 0:
+		return fmt.Errorf("%w: %v hedges, which this session did not negotiate", ErrProtocol, d)
+	case branch && hedged:
+		return fmt.Errorf("%w: %v hedges on a branch", ErrProtocol, d)
+	case branch && (d.step <= fork || d.step-fork > uint64(n.cfg.HedgeDepth)):
+		return fmt.Errorf("%w: %v is beyond the branch depth of %d", ErrProtocol, d, n.cfg.HedgeDepth)
+	}
+	return nil
+}
+
+// pending reports whether a draft this Node kept is still undecided: on
+// the queue of side's chain or an open hedge's branch.
+func (n *Node) pending(side Side, d *Draft) bool {
+	s := &n.sides[side.Index()]
+	if fork, ok := d.Fork(); ok && !s.adopts(d) {
+		return d.epoch == s.epoch && s.hedgeAt(fork) != nil
+	}
+	return (d.epoch == s.epoch || s.adopts(d)) && d.step >= n.next
 }
 
 func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
@@ -297,15 +436,13 @@ func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 		}
 		return n.follow(), nil
 	}
-	s := &n.sides[side.Index()]
 	var fresh []Draft
 	for i := range drafts {
-		ok, err := n.admit(side, &drafts[i])
+		ok, err := n.take(side, &drafts[i])
 		if err != nil {
 			return nil, err
 		}
 		if ok {
-			s.queue = append(s.queue, drafts[i])
 			fresh = append(fresh, drafts[i])
 		}
 	}
@@ -321,10 +458,16 @@ func (n *Node) stepDrafts(side Side, drafts []Draft) ([]Action, error) {
 	}
 	acts := n.decide()
 	if side == n.cfg.Self && n.cfg.Share && !n.done {
-		// The fresh drafts still undecided: the tail of the queue (a
-		// rejection emptied it).
-		if left := s.queue[max(0, len(s.queue)-len(fresh)):]; len(left) > 0 {
-			acts = append(acts, SendDrafts{Drafts: slices.Clone(left)})
+		// The peer needs the fresh drafts still undecided, as they were
+		// made (a branch's drafts keep their branch, for the peer to map).
+		var left []Draft
+		for i := range fresh {
+			if n.pending(side, &fresh[i]) {
+				left = append(left, fresh[i])
+			}
+		}
+		if len(left) > 0 {
+			acts = append(acts, SendDrafts{Drafts: left})
 		}
 	}
 	return acts, nil
@@ -341,7 +484,26 @@ func (n *Node) shadow(drafts []Draft) error {
 		if d.side != other {
 			return fmt.Errorf("%w: %v arrived as a %v draft", ErrProtocol, d, other)
 		}
-		if n.cfg.Share && d.epoch == s.epoch && d.step == n.next+uint64(len(s.queue)) {
+		if err := n.checkShape(d); err != nil {
+			return err
+		}
+		extends := d.step == n.next+uint64(len(s.queue))
+		fork, branch := d.Fork()
+		switch {
+		case !n.cfg.Share:
+		case s.adopts(d) && extends:
+			s.queue = append(s.queue, s.asMain(*d))
+			continue
+		case branch && d.epoch == s.epoch:
+			if h := s.hedgeAt(fork); h != nil && d.step == h.expect {
+				h.expect++
+				h.queue = append(h.queue, *d)
+				continue
+			}
+		case !branch && d.epoch == s.epoch && extends:
+			if tok, ok := d.Hedge(); ok && len(s.hedges) < n.cfg.Hedges {
+				s.hedges = append(s.hedges, hedge{fork: d.step, token: tok, expect: d.step + 1})
+			}
 			s.queue = append(s.queue, *d)
 			continue
 		}
@@ -434,22 +596,57 @@ func (n *Node) decideNext(countHedges bool) (Verdict, Action) {
 				st.stats.SecondChoice++
 			}
 		}
+		next := st.epoch
 		if v.Accept[i] {
 			st.stats.Accepted++
-			st.queue = st.queue[1:]
 		} else {
 			st.stats.Rejected++
-			st.epoch++
-			st.expect = n.next + 1
-			st.queue = st.queue[:0]
+			next++
+			h := st.hedgeAt(n.next)
+			v.Hedged[i] = h != nil && h.token == target
 			if side == n.cfg.Self {
-				rollback = Rollback{Step: n.next, Target: target, Epoch: st.epoch}
+				rollback = Rollback{Step: n.next, Target: target, Epoch: next, Hedged: v.Hedged[i]}
 			}
 		}
+		st.settle(n.next, v.Accept[i], v.Hedged[i], next)
 		v.NextEpoch[i] = st.epoch
 	}
 	n.advance(target)
 	return v, rollback
+}
+
+// settle applies the decision of step to the side's state: an accepted
+// draft leaves the queue, and the hedge at step, if any, dies; a rejected
+// one moves the side to epoch next, on the branch of its hedge at step
+// when hedged, else from nothing. The side's queue and hedges need not
+// be complete (a shadow of the peer's chain): what is missing stays
+// missing.
+func (s *sideState) settle(step uint64, accept, hedged bool, next uint32) {
+	if accept {
+		if len(s.queue) > 0 && s.queue[0].step == step {
+			s.queue = s.queue[1:]
+		} else {
+			s.queue = s.queue[:0]
+		}
+		if len(s.hedges) > 0 && s.hedges[0].fork == step {
+			s.hedges = s.hedges[1:]
+		}
+		return
+	}
+	h := s.hedgeAt(step)
+	from := s.epoch
+	s.epoch, s.queue, s.expect, s.adopted = next, s.queue[:0], step+1, adoption{}
+	if hedged {
+		s.stats.HedgeHits++
+		s.adopted = adoption{ok: true, from: from, to: next, fork: step}
+		if h != nil {
+			for _, d := range h.queue {
+				s.queue = append(s.queue, s.asMain(d))
+			}
+			s.expect = h.expect
+		}
+	}
+	s.hedges = nil
 }
 
 // advance moves past a decided step and notes the end of the generation.
@@ -495,27 +692,24 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 		if v.Accept[i] != (me.queue[0].token == v.Target) {
 			return nil, fmt.Errorf("%w: verdict for step %d contradicts the draft it decided", ErrProtocol, v.Step)
 		}
-		var rollback Action
-		if v.Accept[i] {
-			me.queue = me.queue[1:]
-		} else {
-			me.queue = me.queue[:0]
-			me.expect = v.Step + 1
-			rollback = Rollback{Step: v.Step, Target: v.Target, Epoch: v.NextEpoch[i]}
+		if h := me.hedgeAt(v.Step); v.Hedged[i] != (!v.Accept[i] && h != nil && h.token == v.Target) {
+			return nil, fmt.Errorf("%w: verdict for step %d says hedged %v of this side's draft, which hedged %v", ErrProtocol, v.Step, v.Hedged[i], h != nil)
 		}
-		if peer := &n.sides[self.Other().Index()]; v.Accept[1-i] && len(peer.queue) > 0 && peer.queue[0].step == v.Step {
-			peer.queue = peer.queue[1:]
-		} else {
-			peer.queue = peer.queue[:0]
+		if v.Hedged[1-i] && v.Accept[1-i] {
+			return nil, fmt.Errorf("%w: verdict for step %d accepts the peer's draft and adopts its hedge", ErrProtocol, v.Step)
+		}
+		var rollback Action
+		if !v.Accept[i] {
+			rollback = Rollback{Step: v.Step, Target: v.Target, Epoch: v.NextEpoch[i], Hedged: v.Hedged[i]}
 		}
 		for j := range n.sides {
 			st := &n.sides[j]
-			st.epoch = v.NextEpoch[j]
 			if v.Accept[j] {
 				st.stats.Accepted++
 			} else {
 				st.stats.Rejected++
 			}
+			st.settle(v.Step, v.Accept[j], v.Hedged[j], v.NextEpoch[j])
 		}
 		acts = append(acts, Decided{Verdict: v})
 		if rollback != nil {
@@ -537,9 +731,9 @@ func (n *Node) confirm(v Verdict) error {
 	if v.Step != u.Step {
 		return fmt.Errorf("%w: verdict for step %d, expected step %d", ErrProtocol, v.Step, u.Step)
 	}
-	if v.Target != u.Target || v.Accept != u.Accept || v.Epoch != u.Epoch || v.NextEpoch != u.NextEpoch {
-		return fmt.Errorf("%w: verdict for step %d (target %d, accept %v, epochs %v to %v) contradicts this side's own decision (target %d, accept %v, epochs %v to %v)",
-			ErrProtocol, v.Step, v.Target, v.Accept, v.Epoch, v.NextEpoch, u.Target, u.Accept, u.Epoch, u.NextEpoch)
+	if v.Target != u.Target || v.Accept != u.Accept || v.Epoch != u.Epoch || v.NextEpoch != u.NextEpoch || v.Hedged != u.Hedged {
+		return fmt.Errorf("%w: verdict for step %d (target %d, accept %v, hedged %v, epochs %v to %v) contradicts this side's own decision (target %d, accept %v, hedged %v, epochs %v to %v)",
+			ErrProtocol, v.Step, v.Target, v.Accept, v.Hedged, v.Epoch, v.NextEpoch, u.Target, u.Accept, u.Hedged, u.Epoch, u.NextEpoch)
 	}
 	n.unconfirmed = n.unconfirmed[1:]
 	return nil
@@ -588,8 +782,15 @@ func (n *Node) stepHandover(h Handover) ([]Action, error) {
 			return nil, fmt.Errorf("%w: handover queue entry %d is %v, want %v step %d epoch %d",
 				ErrProtocol, i, &d, n.cfg.Self.Other(), h.NextStep+uint64(i), h.Epochs[other])
 		}
+		_, branch := d.Fork()
+		if _, hedged := d.Hedge(); branch || hedged {
+			// A side hands the aggregator over only with no hedge of its
+			// own open (stepSwitch).
+			return nil, fmt.Errorf("%w: handover queue entry %d is %v, which hedges", ErrProtocol, i, &d)
+		}
 	}
 	peer := &n.sides[other]
+	peer.hedges = nil
 	switch {
 	case len(n.unconfirmed) == 0:
 		peer.epoch = h.Epochs[other]
@@ -628,10 +829,13 @@ func (n *Node) stepHandover(h Handover) ([]Action, error) {
 }
 
 func (n *Node) stepSwitch() []Action {
-	if !n.aggregating || n.done {
+	self, other := n.cfg.Self.Index(), n.cfg.Self.Other().Index()
+	if !n.aggregating || n.done || len(n.sides[self].hedges) > 0 {
+		// With a hedge of its own open the new aggregator would have to
+		// learn its branch, which the peer may have only in part: the
+		// switch waits until the hedges are decided.
 		return nil
 	}
-	self, other := n.cfg.Self.Index(), n.cfg.Self.Other().Index()
 	h := Handover{
 		NextStep: n.next,
 		Epochs:   [2]uint32{n.sides[0].epoch, n.sides[1].epoch},
