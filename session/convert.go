@@ -30,11 +30,15 @@ func fromSide(s dragonv1.Side) (aggregator.Side, error) {
 }
 
 func toDraft(d *aggregator.Draft) *dragonv1.Draft {
-	return &dragonv1.Draft{
+	w := &dragonv1.Draft{
 		Step: d.Step(), Epoch: d.Epoch(), Token: d.Token(), Distribution: d.Payload(),
 		LogRelevanceMass: d.LogMass(), DecodeTimeUs: d.Meta.DecodeMicros, Side: toSide(d.Side()),
-		Context: d.Meta.Context, Moved: d.Meta.Moved,
+		Context: d.Meta.Context, Moved: d.Meta.Moved, Fork: d.WireFork(),
 	}
+	if tok, ok := d.Hedge(); ok {
+		w.Hedge = &tok
+	}
+	return w
 }
 
 func toDrafts(ds []aggregator.Draft) []*dragonv1.Draft {
@@ -55,6 +59,7 @@ func fromDrafts(dec *codec.Decoder, ps []*dragonv1.Draft) ([]aggregator.Draft, e
 		d, err := aggregator.DecodeDraft(dec, aggregator.WireDraft{
 			Side: side, Step: p.GetStep(), Epoch: p.GetEpoch(), Token: p.GetToken(), Payload: p.GetDistribution(),
 			LogMass: p.GetLogRelevanceMass(), Meta: aggregator.Meta{DecodeMicros: p.GetDecodeTimeUs(), Context: p.GetContext(), Moved: p.GetMoved()},
+			Fork: p.GetFork(), Hedge: p.GetHedge(), Hedged: p.Hedge != nil,
 		})
 		if err != nil {
 			return nil, err
@@ -72,6 +77,7 @@ func toVerdict(v aggregator.Verdict) *dragonv1.Verdict {
 		NextEpochDevice: v.NextEpoch[0], NextEpochCloud: v.NextEpoch[1],
 		ExpectedDevice: v.Expected[0], ExpectedCloud: v.Expected[1],
 		MovedDevice: v.Moved[0], MovedCloud: v.Moved[1],
+		HedgedDevice: v.Hedged[0], HedgedCloud: v.Hedged[1],
 	}
 }
 
@@ -83,6 +89,7 @@ func fromVerdict(p *dragonv1.Verdict) aggregator.Verdict {
 		NextEpoch: [2]uint32{p.GetNextEpochDevice(), p.GetNextEpochCloud()},
 		Expected:  [2]float64{p.GetExpectedDevice(), p.GetExpectedCloud()},
 		Moved:     [2]bool{p.GetMovedDevice(), p.GetMovedCloud()},
+		Hedged:    [2]bool{p.GetHedgedDevice(), p.GetHedgedCloud()},
 	}
 }
 

@@ -38,4 +38,35 @@ func TestDraftsAndVerdictsCrossTheWire(t *testing.T) {
 		Expected: [2]float64{1, 1}, Moved: [2]bool{false, true},
 	}
 	assert.Equal(t, v, fromVerdict(toVerdict(v)))
+	v.Accept, v.NextEpoch, v.Hedged = [2]bool{true, false}, [2]uint32{2, 2}, [2]bool{false, true}
+	assert.Equal(t, v, fromVerdict(toVerdict(v)))
+}
+
+// TestHedgesCrossTheWire: a hedge and a branch's draft keep what makes
+// them one, and a draft without a hedge does not gain one (token 0 is a
+// token).
+func TestHedgesCrossTheWire(t *testing.T) {
+	p, err := aggregator.NewProposer(aggregator.Cloud, 1, true, 1)
+	require.NoError(t, err)
+	main, err := p.Propose([]float32{0.3, 0.6, 0.1}, 4, 1, 0)
+	require.NoError(t, err)
+	hedged, err := main.WithHedge(0)
+	require.NoError(t, err)
+	branch, err := p.ProposeBranch([]float32{0.1, 0.1, 0.8}, 5, 1, 0, 4)
+	require.NoError(t, err)
+
+	dec, err := codec.NewDecoder(3)
+	require.NoError(t, err)
+	back, err := fromDrafts(dec, toDrafts([]aggregator.Draft{main, hedged, branch}))
+	require.NoError(t, err)
+	require.Len(t, back, 3)
+	_, ok := back[0].Hedge()
+	assert.False(t, ok)
+	tok, ok := back[1].Hedge()
+	assert.True(t, ok)
+	assert.Equal(t, int32(0), tok)
+	fork, ok := back[2].Fork()
+	assert.True(t, ok)
+	assert.Equal(t, uint64(4), fork)
+	assert.Equal(t, int32(2), back[2].Token())
 }

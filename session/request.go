@@ -107,7 +107,17 @@ type Request struct {
 	BlindDrafts                   bool
 	// Confidence is aggregator.Config.Confidence (0: off).
 	Confidence float64
+	// Hedges and HedgeDepth bound each side's hedged drafts
+	// (aggregator.Config.Hedges, HedgeDepth; 0: none).
+	Hedges, HedgeDepth int
 }
+
+// Hedge limits a request may ask for: a hedge's branch must reach over a
+// round trip (about 75 drafts at 300 ms one way and 8 ms a token).
+const (
+	MaxHedges     = 16
+	MaxHedgeDepth = 1024
+)
 
 // Defaults fill a request's unset fields.
 type Defaults struct {
@@ -180,7 +190,25 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if r.Confidence, err = confidence(b.GetConfidenceTemperature()); err != nil {
 		return r, err
 	}
+	if r.Hedges, r.HedgeDepth, err = hedges(b.GetMaxHedges(), b.GetHedgeDepth(), r); err != nil {
+		return r, err
+	}
 	return r, nil
+}
+
+// hedges checks the hedge limits of r.
+func hedges(n, depth uint32, r Request) (int, int, error) {
+	switch {
+	case n == 0:
+		return 0, 0, nil
+	case n > MaxHedges:
+		return 0, 0, wire.InvalidArgument("max_hedges", fmt.Sprintf("%d: at most %d", n, MaxHedges))
+	case depth == 0 || depth > MaxHedgeDepth:
+		return 0, 0, wire.InvalidArgument("hedge_depth", fmt.Sprintf("%d with %d hedges: want 1 to %d", depth, n, MaxHedgeDepth))
+	case r.BlindDrafts || r.Mode != dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION:
+		return 0, 0, wire.InvalidArgument("max_hedges", "hedged drafts need speculative aggregation with shared drafts")
+	}
+	return int(n), int(depth), nil
 }
 
 // confidence checks a confidence temperature.
@@ -212,6 +240,9 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 	}
 	if _, ok := dragonv1.Mode_name[int32(r.Mode)]; !ok || r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		return r, wire.InvalidArgument("mode", fmt.Sprintf("unknown mode %d", r.Mode))
+	}
+	if r.Hedges, r.HedgeDepth, err = hedges(g.GetMaxHedges(), g.GetHedgeDepth(), r); err != nil {
+		return r, err
 	}
 	if r.PassagesDevice, r.PassagesCloud, err = passages(g.GetPassagesDevice(), g.GetPassagesCloud(), lim, def); err != nil {
 		return r, err
@@ -354,7 +385,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 	o := Options{
 		Self: self, SessionID: id, Owner: self == aggregator.Device, Sampling: r.Sampling, MaxTokens: r.MaxTokens,
 		CodecTopP: r.CodecTopP, Aggregator: r.Aggregator, Strategy: r.Strategy, SwitchEvery: r.SwitchEvery,
-		Blind: r.BlindDrafts, Confidence: r.Confidence,
+		Blind: r.BlindDrafts, Confidence: r.Confidence, Hedges: r.Hedges, HedgeDepth: r.HedgeDepth,
 	}
 	if r.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC {
 		o.Sync = TokenWise
@@ -375,5 +406,6 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
 		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence),
+		MaxHedges: uint32(r.Hedges), HedgeDepth: uint32(r.HedgeDepth),
 	}
 }

@@ -24,6 +24,7 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 	for _, g := range []*dragonv1.GenerateRequest{
 		{Prompt: "q", SwitchEvery: 3, BlindDrafts: true, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
 		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9}, ConfidenceTemperature: 0.5},
+		{Prompt: "q", MaxHedges: 2, HedgeDepth: 80},
 	} {
 		dev, err := ParseGenerate(g, lim, def)
 		require.NoError(t, err)
@@ -41,6 +42,8 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 			assert.Equal(t, max(int(g.GetSampling().GetMaxTokens()), def.MaxTokens), o.MaxTokens, "%v", side)
 			assert.Equal(t, g.GetMode() == dragonv1.Mode_MODE_TOKEN_WISE_SYNC, o.Sync == TokenWise, "%v", side)
 			assert.InDelta(t, g.GetConfidenceTemperature(), o.Confidence, 1e-9, "%v", side)
+			assert.Equal(t, int(g.GetMaxHedges()), o.Hedges, "%v", side)
+			assert.Equal(t, int(g.GetHedgeDepth()), o.HedgeDepth, "%v", side)
 		}
 		assert.Equal(t, dev.Strategy, cld.Strategy)
 	}
@@ -57,6 +60,32 @@ func TestConfidenceTemperatureChecked(t *testing.T) {
 		assert.ErrorContains(t, err, "confidence_temperature")
 		_, err = ParseBegin(&dragonv1.Begin{Query: "q", ConfidenceTemperature: v}, lim, def)
 		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v: %v", v, err)
+	}
+}
+
+// TestHedgeLimitsChecked: hedges beyond the limits, without a depth, or
+// where drafts are not shared are refused on either side.
+func TestHedgeLimitsChecked(t *testing.T) {
+	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
+	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	for _, c := range []struct {
+		name        string
+		hedges, dep uint32
+		blind       bool
+		mode        dragonv1.Mode
+		field       string
+	}{
+		{"too many", MaxHedges + 1, 8, false, 0, "max_hedges"},
+		{"no depth", 2, 0, false, 0, "hedge_depth"},
+		{"too deep", 2, MaxHedgeDepth + 1, false, 0, "hedge_depth"},
+		{"blind drafts", 2, 8, true, 0, "max_hedges"},
+		{"token-wise", 2, 8, false, dragonv1.Mode_MODE_TOKEN_WISE_SYNC, "max_hedges"},
+	} {
+		_, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", MaxHedges: c.hedges, HedgeDepth: c.dep, BlindDrafts: c.blind, Mode: c.mode}, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", c.name, err)
+		assert.ErrorContains(t, err, c.field, c.name)
+		_, err = ParseBegin(&dragonv1.Begin{Query: "q", MaxHedges: c.hedges, HedgeDepth: c.dep, BlindDrafts: c.blind, Mode: c.mode}, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", c.name, err)
 	}
 }
 

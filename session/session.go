@@ -86,6 +86,9 @@ type Options struct {
 	// Confidence weighs each step by the sides' confidence too
 	// (aggregator.Config.Confidence; 0: off).
 	Confidence float64
+	// Hedges and HedgeDepth bound both sides' hedged drafts
+	// (aggregator.Config.Hedges, HedgeDepth); they need shared drafts.
+	Hedges, HedgeDepth int
 	// Fallback (owner only): when the peer fails (the stream breaks, the
 	// peer errs or sends garbage, or no step is decided for StallTimeout),
 	// finish the answer alone from the tokens already decided.
@@ -286,7 +289,7 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 	node, err := aggregator.New(aggregator.Config{
 		Self: opts.Self, Aggregator: opts.Aggregator, Greedy: opts.Sampling.Greedy(), Seed: opts.Sampling.Seed,
 		MaxSteps: uint64(opts.MaxTokens), IsEnd: func(t int32) bool { return dec.Model().IsEOG(t) },
-		Share: opts.share(), Confidence: opts.Confidence,
+		Share: opts.share(), Confidence: opts.Confidence, Hedges: opts.hedges(), HedgeDepth: opts.HedgeDepth,
 	})
 	if err != nil {
 		return Summary{}, err
@@ -655,6 +658,15 @@ func (r *run) apply(acts []aggregator.Action) error {
 // drafts (dragon-blind) DRAGON's own protocol.
 func (o *Options) share() bool {
 	return !o.Blind && o.Sync == Speculative
+}
+
+// hedges is the most hedges a side may have open: Options.Hedges where
+// drafts are shared, none otherwise.
+func (o *Options) hedges() int {
+	if !o.share() {
+		return 0
+	}
+	return o.Hedges
 }
 
 // beside says whether greedy drafts are made beside the peer's: drafts

@@ -120,8 +120,14 @@ type GenerateRequest struct {
 	// also fall with the entropy of each side's distribution, e^{-H/τ} with
 	// τ this temperature in nats; 0 keeps DRAGON's relevance weights.
 	ConfidenceTemperature float32 `protobuf:"fixed32,14,opt,name=confidence_temperature,json=confidenceTemperature,proto3" json:"confidence_temperature,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Hedged drafts (Begin.max_hedges, hedge_depth): the most hedges each
+	// side may have open, and their branches' depth; 0 turns them off. Each
+	// side hedges within these limits as far as its measured costs say it
+	// pays.
+	MaxHedges     uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
+	HedgeDepth    uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -248,6 +254,20 @@ func (x *GenerateRequest) GetHistory() []*ChatTurn {
 func (x *GenerateRequest) GetConfidenceTemperature() float32 {
 	if x != nil {
 		return x.ConfidenceTemperature
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetMaxHedges() uint32 {
+	if x != nil {
+		return x.MaxHedges
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetHedgeDepth() uint32 {
+	if x != nil {
+		return x.HedgeDepth
 	}
 	return 0
 }
@@ -1139,7 +1159,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xbe\x04\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xfe\x04\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1157,7 +1177,11 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\frecord_trace\x18\v \x01(\bR\vrecordTrace\x12!\n" +
 	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
 	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\x125\n" +
-	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\"\x81\x01\n" +
+	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\x12\x1d\n" +
+	"\n" +
+	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
+	"\vhedge_depth\x18\x10 \x01(\rR\n" +
+	"hedgeDepth\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +

@@ -839,8 +839,14 @@ type Begin struct {
 	// GenerateRequest.confidence_temperature: both sides weigh each step
 	// with it.
 	ConfidenceTemperature float32 `protobuf:"fixed32,14,opt,name=confidence_temperature,json=confidenceTemperature,proto3" json:"confidence_temperature,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Hedged drafts (Draft.hedge): the most hedges a side may have open at
+	// once, and the most drafts of each one's branch. 0 turns hedging off;
+	// it needs shared drafts (not blind_drafts). Each side decides for
+	// itself whether and what to hedge within these limits.
+	MaxHedges     uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
+	HedgeDepth    uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Begin) Reset() {
@@ -967,6 +973,20 @@ func (x *Begin) GetHistory() []*ChatTurn {
 func (x *Begin) GetConfidenceTemperature() float32 {
 	if x != nil {
 		return x.ConfidenceTemperature
+	}
+	return 0
+}
+
+func (x *Begin) GetMaxHedges() uint32 {
+	if x != nil {
+		return x.MaxHedges
+	}
+	return 0
+}
+
+func (x *Begin) GetHedgeDepth() uint32 {
+	if x != nil {
+		return x.HedgeDepth
 	}
 	return 0
 }
@@ -1114,7 +1134,19 @@ type Draft struct {
 	// of the step instead of the sender's own argmax (greedy). For the
 	// profiler: such a draft tells nothing of how often the sender's own
 	// drafts are accepted.
-	Moved         bool `protobuf:"varint,10,opt,name=moved,proto3" json:"moved,omitempty"`
+	Moved bool `protobuf:"varint,10,opt,name=moved,proto3" json:"moved,omitempty"`
+	// 0 for a draft of the sender's main chain; s+1 for a draft of the hedge
+	// branch forked at step s: the answer with the hedged token at s. It
+	// carries the epoch of the main chain when the hedge was made, and
+	// becomes the next epoch's draft if a verdict adopts the branch.
+	Fork uint64 `protobuf:"varint,11,opt,name=fork,proto3" json:"fork,omitempty"`
+	// When present, the sender also decodes the branch that continues the
+	// answer with this token at this step, and sends its drafts (fork =
+	// step+1): if the aggregator decides this token here, the branch is
+	// adopted instead of the sender drafting anew a round trip later. Must
+	// be another token of this draft's distribution; a branch draft cannot
+	// hedge.
+	Hedge         *int32 `protobuf:"varint,12,opt,name=hedge,proto3,oneof" json:"hedge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1212,6 +1244,20 @@ func (x *Draft) GetMoved() bool {
 	return false
 }
 
+func (x *Draft) GetFork() uint64 {
+	if x != nil {
+		return x.Fork
+	}
+	return 0
+}
+
+func (x *Draft) GetHedge() int32 {
+	if x != nil && x.Hedge != nil {
+		return *x.Hedge
+	}
+	return 0
+}
+
 // Verdicts are decided steps, in step order, broadcast by the aggregator.
 type Verdicts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1285,8 +1331,13 @@ type Verdict struct {
 	ExpectedDevice float64 `protobuf:"fixed64,10,opt,name=expected_device,json=expectedDevice,proto3" json:"expected_device,omitempty"`
 	ExpectedCloud  float64 `protobuf:"fixed64,11,opt,name=expected_cloud,json=expectedCloud,proto3" json:"expected_cloud,omitempty"`
 	// Whether each side's draft was moved (Draft.moved), for the profiler.
-	MovedDevice   bool `protobuf:"varint,12,opt,name=moved_device,json=movedDevice,proto3" json:"moved_device,omitempty"`
-	MovedCloud    bool `protobuf:"varint,13,opt,name=moved_cloud,json=movedCloud,proto3" json:"moved_cloud,omitempty"`
+	MovedDevice bool `protobuf:"varint,12,opt,name=moved_device,json=movedDevice,proto3" json:"moved_device,omitempty"`
+	MovedCloud  bool `protobuf:"varint,13,opt,name=moved_cloud,json=movedCloud,proto3" json:"moved_cloud,omitempty"`
+	// For a rejected draft: the target is the token that side hedged at this
+	// step, so the side adopts that branch (its drafts are the next epoch's)
+	// instead of rolling back.
+	HedgedDevice  bool `protobuf:"varint,14,opt,name=hedged_device,json=hedgedDevice,proto3" json:"hedged_device,omitempty"`
+	HedgedCloud   bool `protobuf:"varint,15,opt,name=hedged_cloud,json=hedgedCloud,proto3" json:"hedged_cloud,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1401,6 +1452,20 @@ func (x *Verdict) GetMovedDevice() bool {
 func (x *Verdict) GetMovedCloud() bool {
 	if x != nil {
 		return x.MovedCloud
+	}
+	return false
+}
+
+func (x *Verdict) GetHedgedDevice() bool {
+	if x != nil {
+		return x.HedgedDevice
+	}
+	return false
+}
+
+func (x *Verdict) GetHedgedCloud() bool {
+	if x != nil {
+		return x.HedgedCloud
 	}
 	return false
 }
@@ -2202,7 +2267,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xae\x04\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xee\x04\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2221,7 +2286,11 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x06system\x18\v \x01(\tR\x06system\x12!\n" +
 	"\fblind_drafts\x18\f \x01(\bR\vblindDrafts\x12-\n" +
 	"\ahistory\x18\r \x03(\v2\x13.dragon.v1.ChatTurnR\ahistory\x125\n" +
-	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\"M\n" +
+	"\x16confidence_temperature\x18\x0e \x01(\x02R\x15confidenceTemperature\x12\x1d\n" +
+	"\n" +
+	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
+	"\vhedge_depth\x18\x10 \x01(\rR\n" +
+	"hedgeDepth\"M\n" +
 	"\bChatTurn\x12'\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
@@ -2229,7 +2298,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12(\n" +
 	"\x06drafts\x18\x02 \x03(\v2\x10.dragon.v1.DraftR\x06drafts\x12+\n" +
-	"\x11passages_restored\x18\x03 \x01(\rR\x10passagesRestored\"\x94\x02\n" +
+	"\x11passages_restored\x18\x03 \x01(\rR\x10passagesRestored\"\xcd\x02\n" +
 	"\x05Draft\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\rR\x05epoch\x12\x14\n" +
@@ -2240,11 +2309,14 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04side\x18\b \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x12\x18\n" +
 	"\acontext\x18\t \x01(\rR\acontext\x12\x14\n" +
 	"\x05moved\x18\n" +
-	" \x01(\bR\x05moved\"Y\n" +
+	" \x01(\bR\x05moved\x12\x12\n" +
+	"\x04fork\x18\v \x01(\x04R\x04fork\x12\x19\n" +
+	"\x05hedge\x18\f \x01(\x05H\x00R\x05hedge\x88\x01\x01B\b\n" +
+	"\x06_hedge\"Y\n" +
 	"\bVerdicts\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12.\n" +
-	"\bverdicts\x18\x02 \x03(\v2\x12.dragon.v1.VerdictR\bverdicts\"\xb6\x03\n" +
+	"\bverdicts\x18\x02 \x03(\v2\x12.dragon.v1.VerdictR\bverdicts\"\xfe\x03\n" +
 	"\aVerdict\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\x12!\n" +
 	"\ftarget_token\x18\x03 \x01(\x05R\vtargetToken\x12#\n" +
@@ -2260,7 +2332,9 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x0eexpected_cloud\x18\v \x01(\x01R\rexpectedCloud\x12!\n" +
 	"\fmoved_device\x18\f \x01(\bR\vmovedDevice\x12\x1f\n" +
 	"\vmoved_cloud\x18\r \x01(\bR\n" +
-	"movedCloud\"\xb2\x01\n" +
+	"movedCloud\x12#\n" +
+	"\rhedged_device\x18\x0e \x01(\bR\fhedgedDevice\x12!\n" +
+	"\fhedged_cloud\x18\x0f \x01(\bR\vhedgedCloud\"\xb2\x01\n" +
 	"\bHandover\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x1b\n" +
@@ -2448,6 +2522,7 @@ func file_dragon_v1_peer_proto_init() {
 		(*PeerMessage_Tokens)(nil),
 		(*PeerMessage_Kv)(nil),
 	}
+	file_dragon_v1_peer_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
