@@ -116,6 +116,10 @@ type Options struct {
 	// whose prompt shares a prefix with a cached one restores it and
 	// prefills only the rest (see prefix.go). Decoders may share one.
 	Cache *kvcache.Cache
+	// Hedges is how many hedge branches may be live at once (hedge.go):
+	// each takes MaxPassages more KV sequences (a given Context must hold
+	// them). 0: none.
+	Hedges int
 }
 
 // DefaultSystem asks the model to answer from the passage.
@@ -145,6 +149,8 @@ type Decoder struct {
 	// branches is how many KV sequences each passage has for token trees
 	// (1: linear drafts only).
 	branches int
+	// hedges are the hedge branches by slot (nil: free).
+	hedges []*branch
 
 	// system overrides opts.System when not empty.
 	system string
@@ -227,15 +233,26 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 		copts.Unified = true
 		copts.Cells = opts.MaxPassages * (opts.CtxPerSeq + opts.Spec.TreeBudget)
 	}
+	if opts.Hedges < 0 {
+		return nil, fmt.Errorf("decoder: %w: %d hedge branches", engine.ErrInvalidInput, opts.Hedges)
+	}
+	copts.MaxSeqs = opts.MaxPassages * (branches + opts.Hedges)
+	if branches > 1 {
+		copts.Cells += opts.MaxPassages * opts.Hedges * opts.CtxPerSeq
+	}
+	if copts.MaxSeqs > maxSeqs {
+		return nil, fmt.Errorf("decoder: %w: %d passages with %d branches and %d hedges need %d sequences, more than %d",
+			engine.ErrInvalidInput, opts.MaxPassages, branches, opts.Hedges, copts.MaxSeqs, maxSeqs)
+	}
 	var c engine.Context
 	if opts.Context != nil {
 		co := opts.Context.Options()
 		switch {
 		case branches > 1:
 			return nil, fmt.Errorf("decoder: %w: token trees need a context of their own", engine.ErrInvalidInput)
-		case co.MaxSeqs < opts.MaxPassages || co.CtxPerSeq < opts.CtxPerSeq:
+		case co.MaxSeqs < copts.MaxSeqs || co.CtxPerSeq < opts.CtxPerSeq:
 			return nil, fmt.Errorf("decoder: %w: the given context holds %d sequences of %d positions, the decoder needs %d of %d",
-				engine.ErrInvalidInput, co.MaxSeqs, co.CtxPerSeq, opts.MaxPassages, opts.CtxPerSeq)
+				engine.ErrInvalidInput, co.MaxSeqs, co.CtxPerSeq, copts.MaxSeqs, opts.CtxPerSeq)
 		}
 		c = opts.Context
 	} else {
@@ -393,6 +410,12 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 		d.lastRow[s] = d.lastRow[s][:0]
 	}
 	cached := d.cacheable(calib != nil)
+	d.hedges = d.hedges[:0]
+	for s := d.opts.MaxPassages * d.branches; s < d.opts.MaxPassages*(d.branches+d.opts.Hedges); s++ {
+		if err := d.ectx.Truncate(s, 0); err != nil {
+			return err
+		}
+	}
 	for s := range d.opts.MaxPassages * d.branches {
 		if cached && s < own {
 			if err := d.reuse(s, resident); err != nil {
@@ -593,9 +616,21 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 			}
 		}
 	}
-	if err := flush(); err != nil {
-		return d.undo(saved, err)
+	err := d.addBranchRows(func(w rowWant, tok engine.Token, pos, seq int) error {
+		d.batch.Add(tok, pos, w.hedge > 0, seq)
+		wants = append(wants, w)
+		if d.batch.Len() == d.opts.BatchSize {
+			return flush()
+		}
+		return nil
+	})
+	if err == nil {
+		err = flush()
 	}
+	if err != nil {
+		return d.undo(saved, errors.Join(err, d.undoBranches()))
+	}
+	d.branchesDecoded()
 	if d.ordered {
 		if err := d.mixOrdered(); err != nil {
 			return d.undo(saved, err)
@@ -631,9 +666,10 @@ func (d *Decoder) resetMixes(n int) {
 }
 
 // rowWant is what one row of d.batch is for: its passage (seq), the
-// mixture its distribution joins (out; -1: none), and the prompt position
-// whose top-k calibration reads (prow; -1: none).
-type rowWant struct{ seq, out, prow int }
+// mixture its distribution joins (out; -1: none), the prompt position
+// whose top-k calibration reads (prow; -1: none), and the hedge branch
+// whose next mixture it joins instead (hedge: slot+1; 0: none).
+type rowWant struct{ seq, out, prow, hedge int }
 
 // decodeBatch runs d.batch (nothing when empty), mixes each row into its
 // mixture, stores the top-k of calibration rows in calRows[seq][prow], and
@@ -652,6 +688,12 @@ func (d *Decoder) decodeBatch(ctx context.Context, wants []rowWant, calRows [][]
 				return wants, err
 			}
 			calRows[w.seq][w.prow] = top
+		}
+		if w.hedge > 0 {
+			if err := d.mixBranchRow(row, w.hedge-1, w.seq); err != nil {
+				return wants, err
+			}
+			continue
 		}
 		if w.out < 0 {
 			continue
@@ -691,6 +733,19 @@ func (d *Decoder) mixOrdered() error {
 		if _, err := vecmath.SoftmaxMix(d.mixes[0], logits, d.w[s]); err != nil {
 			return fmt.Errorf("decoder: passage %d: %w", s, err)
 		}
+	}
+	return nil
+}
+
+// mixBranchRow adds batch row row's next-token distribution, weighted by
+// passage seq's document weight, into hedge branch h's next mixture.
+func (d *Decoder) mixBranchRow(row, h, seq int) error {
+	logits, err := d.ectx.Logits(row, d.logits)
+	if err != nil {
+		return err
+	}
+	if _, err := vecmath.SoftmaxMix(d.hedges[h].next, d.maskUnused(logits), d.w[seq]); err != nil {
+		return fmt.Errorf("decoder: branch %d, passage %d: %w", h, seq, err)
 	}
 	return nil
 }

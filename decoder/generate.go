@@ -256,6 +256,9 @@ func (d *Decoder) Rewind(n int, toks ...engine.Token) error {
 		}
 	}
 	d.shadow.Reset()
+	if err := d.dropBranches(); err != nil {
+		return err
+	}
 	if n < len(d.gen) {
 		d.gen = d.gen[:n]
 		d.nextValid = false

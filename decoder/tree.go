@@ -99,7 +99,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 			if pos == base-1 {
 				out = 0
 			}
-			if err := add(rowWant{s, out, -1}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
+			if err := add(rowWant{s, out, -1, 0}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
 				return nil, undo(err)
 			}
 		}
@@ -108,7 +108,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 			for j, b := range node.Branches {
 				seqs[j] = all[b]
 			}
-			if err := add(rowWant{s, i + 1, -1}, node.Token, base+node.Depth-1, seqs); err != nil {
+			if err := add(rowWant{s, i + 1, -1, 0}, node.Token, base+node.Depth-1, seqs); err != nil {
 				return nil, undo(err)
 			}
 		}

@@ -87,8 +87,13 @@ type Options struct {
 	// (aggregator.Config.Confidence; 0: off).
 	Confidence float64
 	// Hedges and HedgeDepth bound both sides' hedged drafts
-	// (aggregator.Config.Hedges, HedgeDepth); they need shared drafts.
+	// (aggregator.Config.Hedges, HedgeDepth); they need shared drafts. This
+	// side hedges within them only when its decoder has hedge slots
+	// (decoder.Options.Hedges), as the measured rule says (hedger).
 	Hedges, HedgeDepth int
+	// HedgeBelow, when > 0, hedges every draft of probability under it
+	// instead (experiments: what hedging costs where the rule says no).
+	HedgeBelow float64
 	// Fallback (owner only): when the peer fails (the stream breaks, the
 	// peer errs or sends garbage, or no step is decided for StallTimeout),
 	// finish the answer alone from the tokens already decided.
@@ -172,6 +177,9 @@ type Summary struct {
 	// By side, as aggregator.Stats counts them: decided drafts below each
 	// of aggregator.HedgeThresholds, and their second-choice rejections.
 	LowProb, LowProbCaught [2][len(aggregator.HedgeThresholds)]uint64
+	// By side: hedges the side declared, as far as this side saw them, and
+	// rejections that adopted a hedge's branch instead of a round trip.
+	Hedges, HedgeHits [2]uint64
 	Switches               uint64
 	// Early counts the steps this side decided itself while the peer
 	// aggregated, before the verdicts came (aggregator.Node.Early).
@@ -258,7 +266,10 @@ type run struct {
 	mu      sync.Mutex
 	wake    chan struct{}
 	decided uint64
-	pending *aggregator.Rollback
+	// pending are the rollbacks the producer has yet to carry out, in
+	// order: a branch adopted at one step may have a draft rejected at a
+	// later one before the producer adopts it.
+	pending []aggregator.Rollback
 	stopped bool
 	// stopProd cancels the producer's context: its prefill, its pass in
 	// flight and any wait, including a burst the core no longer reads.
@@ -270,6 +281,14 @@ type run struct {
 	peer      []aggregator.Draft
 	peerEpoch uint32
 	beside    atomic.Uint64
+	// settled is NextStep after the last action list the core carried
+	// out: a hedge of this side at an earlier step that is not pending
+	// adoption died (its draft was decided).
+	settled uint64
+	// aggregating mirrors the Node's role for the producer, which hedges
+	// only while the peer aggregates.
+	aggregating atomic.Bool
+	hedge       *hedger
 }
 
 // padEvery pings is one padded with padBytes, whose extra round-trip time
@@ -308,8 +327,9 @@ func Run(ctx context.Context, opts Options, dec *decoder.Decoder, query string, 
 		node: node, sched: sched, decode: cd,
 		est: profiler.NewEstimator(profiler.Config{}, opts.Fits[0], opts.Fits[1]),
 		out: make(chan *dragonv1.PeerMessage, 256), senderErr: make(chan error, 1),
-		wake: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), hedge: newHedger(opts.HedgeBelow),
 	}
+	r.aggregating.Store(node.Aggregating())
 	if opts.Record {
 		r.sum.Trace = &Trace{}
 	}
@@ -414,8 +434,9 @@ func (r *run) loop(ctx context.Context, inbox <-chan inbound, bursts <-chan burs
 			}
 			return peerFailure{fmt.Errorf("session: send: %w", err)}
 		case b := <-bursts:
-			for _, d := range b.drafts {
-				r.record(r.opts.Self, d)
+			for i := range b.drafts {
+				r.record(r.opts.Self, b.drafts[i])
+				r.hedge.drafted(&b.drafts[i])
 			}
 			acts, err := r.node.Step(aggregator.LocalDrafts{Drafts: b.drafts})
 			if err != nil {
@@ -626,8 +647,7 @@ func (r *run) apply(acts []aggregator.Action) error {
 			}
 		case aggregator.Rollback:
 			r.mu.Lock()
-			rb := a
-			r.pending = &rb
+			r.pending = append(r.pending, a)
 			if r.cancelPass != nil {
 				r.cancelPass() // its drafts are stale: stop the pass in flight
 			}
@@ -641,6 +661,10 @@ func (r *run) apply(acts []aggregator.Action) error {
 			r.over = r.over || r.opts.Owner
 		}
 	}
+	r.mu.Lock()
+	r.settled = r.node.NextStep()
+	r.mu.Unlock()
+	r.aggregating.Store(r.node.Aggregating())
 	if decided && r.node.Aggregating() && !r.node.Done() && !r.over && r.shouldMove() {
 		acts, err := r.node.Step(aggregator.SwitchRequest{})
 		if err != nil {
@@ -728,6 +752,7 @@ func (r *run) onDecided(v aggregator.Verdict) error {
 		r.sum.Aggregated[r.opts.Self.Other().Index()]++
 	}
 	r.est.Verdict(v)
+	r.hedge.decided(v, r.opts.Self)
 	if t := r.sum.Trace; t != nil {
 		t.Accept[0] = append(t.Accept[0], v.Accept[0])
 		t.Accept[1] = append(t.Accept[1], v.Accept[1])
@@ -837,6 +862,7 @@ func (r *run) fillSummary() {
 		st := r.node.Stats(side)
 		s.Accepted[i], s.Rejected[i], s.Stale[i], s.SecondChoice[i] = st.Accepted, st.Rejected, st.Stale, st.SecondChoice
 		s.LowProb[i], s.LowProbCaught[i] = st.LowProb, st.LowProbCaught
+		s.Hedges[i], s.HedgeHits[i] = st.Hedges, st.HedgeHits
 	}
 	s.Switches, s.Early = r.node.Handovers(), r.node.Early()
 	s.BytesSent, s.BytesReceived = r.sent.Load(), r.received
@@ -897,14 +923,18 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 		proposals = map[int]aggregator.Draft{}
 		perToken  = profiler.EWMA{Weight: 0.1} // this side's decoding, ms a token
 	)
-	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft) { proposals[pos] = d }, true)
+	blind := map[int]bool{} // drafted without the peer's draft of the step
+	choose := r.chooser(prop, func() uint32 { return epoch }, func(pos int, d aggregator.Draft, besidePeer bool) {
+		proposals[pos], blind[pos] = d, !besidePeer
+	}, true)
+	var live []liveHedge
 	for {
 		next := uint64(len(r.dec.Generated()))
 		r.mu.Lock()
 		var limit int
 		for {
 			limit = min(int(r.decided)+r.depth(perToken.Value())-int(next), r.opts.MaxTokens-int(next))
-			if r.stopped || r.pending != nil || (!paused && limit > 0) {
+			if r.stopped || len(r.pending) > 0 || (!paused && limit > 0) {
 				break
 			}
 			r.mu.Unlock()
@@ -919,19 +949,32 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 			r.mu.Unlock()
 			return nil
 		}
-		if rb := r.pending; rb != nil {
+		if len(r.pending) > 0 {
+			rbs := r.pending
 			r.pending = nil
 			r.mu.Unlock()
-			if err := r.dec.Rewind(int(rb.Step), rb.Target); err != nil {
-				return err
+			for _, rb := range rbs {
+				if rb.Hedged {
+					if err := r.adopt(live, rb.Step); err != nil {
+						return err
+					}
+				} else if err := r.dec.Rewind(int(rb.Step), rb.Target); err != nil {
+					return err
+				}
+				gen := r.dec.Generated()
+				epoch, paused, live = rb.Epoch, r.model.IsEOG(gen[len(gen)-1]), live[:0]
 			}
-			epoch, paused = rb.Epoch, r.model.IsEOG(rb.Target)
 			continue
 		}
+		settled := r.settled
 		passCtx, cancel := context.WithCancel(ctx)
 		r.cancelPass = cancel
 		r.mu.Unlock()
 
+		if live, err = r.pruneHedges(live, settled); err != nil {
+			cancel()
+			return err
+		}
 		start := time.Now()
 		toks, err := r.dec.Step(passCtx, choose, limit)
 		r.mu.Lock()
@@ -944,7 +987,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 					return nil
 				}
 				r.mu.Lock()
-				if r.pending != nil {
+				if len(r.pending) > 0 {
 					r.aborted.Add(1)
 				}
 				r.mu.Unlock()
@@ -971,7 +1014,15 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 				break // nothing after the end is worth sending
 			}
 		}
+		meta := aggregator.Meta{DecodeMicros: uint32(per.Microseconds()), Context: uint32(longest)}
+		if b.drafts, err = r.extendHedges(prop, live, b.drafts, meta); err != nil {
+			return err
+		}
+		if live, err = r.openHedges(live, b.drafts, blind, epoch, perToken.Value()); err != nil {
+			return err
+		}
 		clear(proposals)
+		clear(blind)
 		select {
 		case bursts <- b:
 		case <-ctx.Done():
@@ -988,7 +1039,7 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 // Proposer makes from the processed mixture, under the current epoch,
 // beside the peer's draft of the position when beside and one is at hand;
 // keep, when not nil, receives each draft.
-func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft), beside bool) decoder.Chooser {
+func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(pos int, d aggregator.Draft, besidePeer bool), beside bool) decoder.Chooser {
 	var probs, scores []float32
 	return func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
 		// h̃ of this position's weights (they follow the answer with
@@ -1013,7 +1064,7 @@ func (r *run) chooser(prop *aggregator.Proposer, epoch func() uint32, keep func(
 			return 0, err
 		}
 		if keep != nil {
-			keep(pos, d)
+			keep(pos, d, peer != nil)
 		}
 		return d.Token(), nil
 	}

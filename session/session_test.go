@@ -59,12 +59,19 @@ func newDecoder(t *testing.T, side aggregator.Side, spec bool) *decoder.Decoder 
 // newDecoderCalls is newDecoder with each model call taking callLatency.
 func newDecoderCalls(t *testing.T, side aggregator.Side, spec bool, callLatency time.Duration) *decoder.Decoder {
 	t.Helper()
+	return newDecoderHedged(t, side, spec, callLatency, 0)
+}
+
+// newDecoderHedged is newDecoderCalls with hedges slots for hedge
+// branches.
+func newDecoderHedged(t *testing.T, side aggregator.Side, spec bool, callLatency time.Duration, hedges int) *decoder.Decoder {
+	t.Helper()
 	cfg := copier
 	cfg.CallLatency = callLatency
 	if side == aggregator.Cloud {
 		cfg.Seed = 4
 	}
-	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512}
+	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Hedges: hedges}
 	if spec {
 		opts.Spec = specdec.DefaultOptions()
 		opts.NoCostModel = true // verify every draft: bursts are what this tests
@@ -127,6 +134,10 @@ type pairConfig struct {
 	blind                 bool
 	strategy              aggregator.Strategy
 	confidence            float64
+	// hedges: both sides may hedge this many drafts at once, branches
+	// hedgeDepth deep, every blind draft of probability under hedgeBelow.
+	hedges, hedgeDepth int
+	hedgeBelow         float64
 }
 
 // runPair runs a device and a cloud side against each other and returns
@@ -155,6 +166,7 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 			Self: side, SessionID: 9, Sync: c.sync, Owner: side == aggregator.Device, Sampling: c.sampling,
 			MaxTokens: c.maxTokens, Aggregator: c.first, SwitchEvery: c.switchEvery, PingEvery: 5 * time.Millisecond,
 			Blind: c.blind, Strategy: c.strategy, Confidence: c.confidence,
+			Hedges: c.hedges, HedgeDepth: c.hedgeDepth, HedgeBelow: c.hedgeBelow,
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -164,10 +176,10 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoderCalls(t, aggregator.Cloud, c.spec, c.cloudCall), query, cloudPassages, cldConn, nil)
+		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoderHedged(t, aggregator.Cloud, c.spec, c.cloudCall, c.hedges), query, cloudPassages, cldConn, nil)
 	}()
 	var emitted []engine.Token
-	dev, err := Run(ctx, opts(aggregator.Device), newDecoderCalls(t, aggregator.Device, c.spec, c.deviceCall), query, devicePassages, devConn,
+	dev, err := Run(ctx, opts(aggregator.Device), newDecoderHedged(t, aggregator.Device, c.spec, c.deviceCall, c.hedges), query, devicePassages, devConn,
 		func(step int, tok engine.Token) (bool, error) {
 			require.Equal(t, len(emitted), step)
 			emitted = append(emitted, tok)
@@ -571,4 +583,45 @@ func TestDraftingDepthCoversTheRoundTrip(t *testing.T) {
 			assert.Equal(t, c.want, r.depth(c.perTokenMS))
 		})
 	}
+}
+
+// TestHedgedAnswersAreTokenWiseOnes: with hedged drafts (every blind draft
+// of the side that does not aggregate hedges its runner-up while a slot is
+// free) greedy and sampled answers are the token-wise ones, over a link of
+// 0 and 15 ms one way with jitter, with and without local speculation,
+// the device or the cloud aggregating or the aggregator moving; and
+// rejections do land on hedges.
+func TestHedgedAnswersAreTokenWiseOnes(t *testing.T) {
+	jitter := func(mean time.Duration) func() time.Duration {
+		r := rand.New(rand.NewPCG(5, 9))
+		var mu sync.Mutex // both directions draw from r
+		return func() time.Duration {
+			mu.Lock()
+			defer mu.Unlock()
+			return mean + time.Duration(r.NormFloat64()*float64(mean)/5)
+		}
+	}
+	var hits uint64
+	for _, sp := range []sampling.Params{{}, {Temperature: 0.9, Seed: 77}} {
+		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp})
+		for _, c := range []pairConfig{
+			{first: aggregator.Device, strategy: aggregator.StaticDevice},
+			{first: aggregator.Device, strategy: aggregator.StaticDevice, spec: true, latency: jitter(15 * time.Millisecond)},
+			{first: aggregator.Cloud, strategy: aggregator.StaticCloud, latency: jitter(15 * time.Millisecond)},
+			{switchEvery: 5, spec: true, latency: jitter(15 * time.Millisecond)},
+		} {
+			c.sampling, c.hedges, c.hedgeDepth, c.hedgeBelow = sp, 3, 64, 1
+			c.cloudCall = 2 * time.Millisecond // the cloud lags, so it drafts blind
+			name := fmt.Sprintf("temperature %v, first %v, switch every %d, spec %v, latency %v", sp.Temperature, c.first, c.switchEvery, c.spec, c.latency != nil)
+			dev, cld := runPair(t, c)
+			assert.Equal(t, tw.Tokens, dev.Tokens, name)
+			assert.Equal(t, dev.Tokens, cld.Tokens, name)
+			for i := range aggregator.Sides {
+				assert.Equal(t, dev.HedgeHits[i], cld.HedgeHits[i], "%s: both sides adopted the same branches", name)
+			}
+			hits += dev.HedgeHits[0] + dev.HedgeHits[1]
+			t.Logf("%s: hedges %v, adopted %v, rejected %v", name, cld.Hedges, cld.HedgeHits, cld.Rejected)
+		}
+	}
+	assert.Positive(t, hits, "rejections landed on hedges")
 }
