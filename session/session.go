@@ -180,7 +180,7 @@ type Summary struct {
 	// By side: hedges the side declared, as far as this side saw them, and
 	// rejections that adopted a hedge's branch instead of a round trip.
 	Hedges, HedgeHits [2]uint64
-	Switches               uint64
+	Switches          uint64
 	// Early counts the steps this side decided itself while the peer
 	// aggregated, before the verdicts came (aggregator.Node.Early).
 	Early                    uint64
