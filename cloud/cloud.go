@@ -92,7 +92,7 @@ func New(cfg Config) (*Server, error) {
 		opts.BatchSize = 512
 	}
 	exec, err := batcher.New(cfg.Model, batcher.Options{
-		Slots: cfg.MaxSessions, SeqsPerSlot: opts.MaxPassages,
+		Slots: cfg.MaxSessions, SeqsPerSlot: opts.MaxPassages * (1 + opts.Hedges),
 		Context: engine.ContextOptions{CtxPerSeq: opts.CtxPerSeq, BatchSize: opts.BatchSize, Threads: opts.Threads},
 		OnTick:  cfg.Metrics.Tick,
 	})
@@ -198,7 +198,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	id := b.GetSessionId()
 	opts := req.Options(aggregator.Cloud, id)
 	opts.Fits = [2]profiler.DecodeFit{session.FitFromHello(peer), s.cfg.Fit}
-	opts.Log, opts.Metrics = log, s.cfg.Metrics
+	opts.Log, opts.Metrics, opts.HedgeBelow = log, s.cfg.Metrics, s.cfg.HedgeBelow
 	start := time.Now()
 	defer s.cfg.Metrics.Begin()()
 	passages, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesCloud)

@@ -216,7 +216,7 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	log := s.cfg.Log.With("session", id, "mode", session.ModeName(req.Mode))
 	out := newChunker(s.cfg.Model, req.Stop, send)
 	opts := req.Options(aggregator.Device, id)
-	opts.Log, opts.Record, opts.Metrics = log, g.GetRecordTrace(), s.cfg.Metrics
+	opts.Log, opts.Record, opts.Metrics, opts.HedgeBelow = log, g.GetRecordTrace(), s.cfg.Metrics, s.cfg.HedgeBelow
 	defer s.cfg.Metrics.Begin()()
 	s.dec.SetSystem(req.System)
 	s.dec.SetHistory(req.History)
@@ -428,6 +428,7 @@ func (s *Server) summarize(req session.Request, sum session.Summary, text string
 		PassagesRestoredDevice: uint32(sum.Restored[0]), PassagesRestoredCloud: uint32(sum.Restored[1]),
 		LowProbDraftsDevice: sum.LowProb[0][:], LowProbDraftsCloud: sum.LowProb[1][:],
 		LowProbCaughtDevice: sum.LowProbCaught[0][:], LowProbCaughtCloud: sum.LowProbCaught[1][:],
+		HedgesDevice: sum.Hedges[0], HedgesCloud: sum.Hedges[1], HedgeHitsDevice: sum.HedgeHits[0], HedgeHitsCloud: sum.HedgeHits[1],
 	}
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		out.PassagesCloud = 0

@@ -55,15 +55,20 @@ type SummaryJSON struct {
 	// Counts per draft-probability threshold (0.2, 0.3, 0.5, 0.7), for sizing
 	// hedges: decided drafts below it and the second-choice rejections
 	// among them.
-	LowProbDraftsDevice    []uint64 `json:"low_prob_drafts_device"`
-	LowProbDraftsCloud     []uint64 `json:"low_prob_drafts_cloud"`
-	LowProbCaughtDevice    []uint64 `json:"low_prob_caught_device"`
-	LowProbCaughtCloud     []uint64 `json:"low_prob_caught_cloud"`
-	Fallback               bool     `json:"fallback"`
-	FallbackStep           uint32   `json:"fallback_step"`
-	FallbackReason         string   `json:"fallback_reason"`
-	PassagesRestoredDevice uint32   `json:"passages_restored_device"`
-	PassagesRestoredCloud  uint32   `json:"passages_restored_cloud"`
+	LowProbDraftsDevice []uint64 `json:"low_prob_drafts_device"`
+	LowProbDraftsCloud  []uint64 `json:"low_prob_drafts_cloud"`
+	LowProbCaughtDevice []uint64 `json:"low_prob_caught_device"`
+	LowProbCaughtCloud  []uint64 `json:"low_prob_caught_cloud"`
+	// Hedged drafts each side declared, and rejections that adopted one.
+	HedgesDevice           uint64 `json:"hedges_device"`
+	HedgesCloud            uint64 `json:"hedges_cloud"`
+	HedgeHitsDevice        uint64 `json:"hedge_hits_device"`
+	HedgeHitsCloud         uint64 `json:"hedge_hits_cloud"`
+	Fallback               bool   `json:"fallback"`
+	FallbackStep           uint32 `json:"fallback_step"`
+	FallbackReason         string `json:"fallback_reason"`
+	PassagesRestoredDevice uint32 `json:"passages_restored_device"`
+	PassagesRestoredCloud  uint32 `json:"passages_restored_cloud"`
 }
 
 // NewSummaryJSON maps s to its JSON form.
@@ -91,6 +96,7 @@ func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
 		BytesUpPerToken: perToken(s.GetBytesSent()), BytesDownPerToken: perToken(s.GetBytesReceived()),
 		LowProbDraftsDevice: s.GetLowProbDraftsDevice(), LowProbDraftsCloud: s.GetLowProbDraftsCloud(),
 		LowProbCaughtDevice: s.GetLowProbCaughtDevice(), LowProbCaughtCloud: s.GetLowProbCaughtCloud(),
+		HedgesDevice: s.GetHedgesDevice(), HedgesCloud: s.GetHedgesCloud(), HedgeHitsDevice: s.GetHedgeHitsDevice(), HedgeHitsCloud: s.GetHedgeHitsCloud(),
 		Fallback: s.GetFallback(), FallbackStep: s.GetFallbackStep(), FallbackReason: s.GetFallbackReason(),
 		PassagesRestoredDevice: s.GetPassagesRestoredDevice(), PassagesRestoredCloud: s.GetPassagesRestoredCloud(),
 	}

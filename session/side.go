@@ -22,6 +22,8 @@ type SideConfig struct {
 	Defaults  Defaults
 	// Fit is this side's decoding-latency fit, sent at handshake.
 	Fit profiler.DecodeFit
+	// HedgeBelow is Options.HedgeBelow for every generation.
+	HedgeBelow float64
 	// Metrics, when set, record every generation.
 	Metrics *Metrics
 	Log     *slog.Logger

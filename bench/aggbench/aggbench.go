@@ -33,6 +33,9 @@ type Mode struct {
 	Mode     dragonv1.Mode
 	Strategy dragonv1.Strategy
 	Blind    bool
+	// Hedges and HedgeDepth, when Hedges > 0, let both sides hedge their
+	// drafts (GenerateRequest.max_hedges, hedge_depth).
+	Hedges, HedgeDepth int
 }
 
 // Options of a run.
@@ -99,6 +102,10 @@ type Result struct {
 	// (the steps a hedge there would cost) and the share of its rejections
 	// whose target was the runner-up at such a step (those it would catch).
 	HedgeCurve map[string][]HedgePoint `json:"hedge_curve,omitempty"`
+	// Counters are, by speculative-aggregation mode, medians over its
+	// answers of what each answer token cost the link and how often
+	// hedges covered a rejection.
+	Counters map[string]Counters `json:"counters,omitempty"`
 	// GreedyIdentical counts the answers of speculative-aggregation modes
 	// (dragon, dragon-blind, each strategy) that equal tw's for the same
 	// question and latency, out of GreedyPrompts: greedy, or sampled with
@@ -108,6 +115,21 @@ type Result struct {
 	Tokens          float64  `json:"median_tokens"`
 	Questions       int      `json:"questions"`
 	Mismatches      []string `json:"mismatches,omitempty"`
+}
+
+// Counters are per-answer-token figures of one mode (medians over its
+// answers at every latency).
+type Counters struct {
+	// RejectionsPerToken by side ("device", "cloud").
+	RejectionsPerToken map[string]float64 `json:"rejections_per_token"`
+	// HedgesPerToken: hedges each side declared; HedgeHitsPerToken: its
+	// rejections that adopted a hedge's branch (no round trip).
+	HedgesPerToken    map[string]float64 `json:"hedges_per_token"`
+	HedgeHitsPerToken map[string]float64 `json:"hedge_hits_per_token"`
+	// HedgeHits is the total over the answers, by side.
+	HedgeHits map[string]uint64 `json:"hedge_hits"`
+	// BytesPerToken on the peer stream, "up" (device to cloud) and "down".
+	BytesPerToken map[string]float64 `json:"bytes_per_token"`
 }
 
 type answer struct {
@@ -167,6 +189,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	var low, caught [2][len(aggregator.HedgeThresholds)]uint64
 	var deviceSteps uint64
 	var second, rejected [2]uint64
+	perAnswer := map[string]map[string][]float64{} // mode, counter: per-token values
+	hits := map[string][2]uint64{}
 	for _, lat := range o.LatencyMS {
 		key := strconv.FormatFloat(lat, 'f', -1, 64)
 		shape := netsim.Shape{Latency: time.Duration(lat * float64(time.Millisecond)), Jitter: time.Duration(lat / 5 * float64(time.Millisecond))}
@@ -190,6 +214,23 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				answers[m.Name] = append(answers[m.Name], Answer{Tokens: a.tokens, Summary: a.summary})
 				per[m.Name] = append(per[m.Name], a.perToken)
 				ttft[m.Name] = append(ttft[m.Name], timing.MS(a.summary.GetTtft().AsDuration()))
+				if m.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION && len(a.tokens) > 0 {
+					n, s := float64(len(a.tokens)), a.summary
+					if perAnswer[m.Name] == nil {
+						perAnswer[m.Name] = map[string][]float64{}
+					}
+					for k, v := range map[string]float64{
+						"rej_device": float64(s.GetRejectedDevice()) / n, "rej_cloud": float64(s.GetRejectedCloud()) / n,
+						"hedges_device": float64(s.GetHedgesDevice()) / n, "hedges_cloud": float64(s.GetHedgesCloud()) / n,
+						"hits_device": float64(s.GetHedgeHitsDevice()) / n, "hits_cloud": float64(s.GetHedgeHitsCloud()) / n,
+						"up": float64(s.GetBytesSent()) / n, "down": float64(s.GetBytesReceived()) / n,
+					} {
+						perAnswer[m.Name][k] = append(perAnswer[m.Name][k], v)
+					}
+					h := hits[m.Name]
+					h[0], h[1] = h[0]+s.GetHedgeHitsDevice(), h[1]+s.GetHedgeHitsCloud()
+					hits[m.Name] = h
+				}
 				if m.Name == "dragon" {
 					accDev = append(accDev, a.summary.GetAcceptanceRateDevice())
 					accCloud = append(accCloud, a.summary.GetAcceptanceRateCloud())
@@ -213,8 +254,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 						bytesDown = append(bytesDown, float64(a.summary.GetBytesReceived())/n)
 					}
 				}
-				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d  moves %d", lat, m.Name, qi, len(a.tokens), a.perToken,
-					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud(), a.summary.GetAggregatorSwitches())
+				o.Log("L=%v %-12s q%-2d %3d tokens  %6.1f ms/token  ttft %6.0f ms  rejected %d/%d  moves %d  hedged %d/%d adopted %d/%d", lat, m.Name, qi, len(a.tokens), a.perToken,
+					timing.MS(a.summary.GetTtft().AsDuration()), a.summary.GetRejectedDevice(), a.summary.GetRejectedCloud(), a.summary.GetAggregatorSwitches(),
+					a.summary.GetHedgesDevice(), a.summary.GetHedgesCloud(), a.summary.GetHedgeHitsDevice(), a.summary.GetHedgeHitsCloud())
 			}
 			if tw, ok := byMode["tw"]; ok {
 				for _, m := range o.Modes {
@@ -243,6 +285,17 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			res.Answers[m.Name][key] = answers[m.Name]
 			res.PerTokenMS[m.Name][key] = timing.Median(per[m.Name])
 			res.TTFTMS[m.Name][key] = timing.Median(ttft[m.Name])
+		}
+	}
+	res.Counters = map[string]Counters{}
+	for name, c := range perAnswer {
+		med := func(k string) float64 { return timing.Median(c[k]) }
+		res.Counters[name] = Counters{
+			RejectionsPerToken: map[string]float64{"device": med("rej_device"), "cloud": med("rej_cloud")},
+			HedgesPerToken:     map[string]float64{"device": med("hedges_device"), "cloud": med("hedges_cloud")},
+			HedgeHitsPerToken:  map[string]float64{"device": med("hits_device"), "cloud": med("hits_cloud")},
+			HedgeHits:          map[string]uint64{"device": hits[name][0], "cloud": hits[name][1]},
+			BytesPerToken:      map[string]float64{"up": med("up"), "down": med("down")},
 		}
 	}
 	res.Acceptance["device"] = timing.Median(accDev)
@@ -335,7 +388,8 @@ func sampling(o Options, qi int) *dragonv1.SamplingParams {
 // ask runs one generation and its per-token latency: the device's mean
 // time per token after the first.
 func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, p *dragonv1.SamplingParams) (answer, error) {
-	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: p})
+	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: p,
+		MaxHedges: uint32(m.Hedges), HedgeDepth: uint32(m.HedgeDepth)})
 	if err != nil {
 		return answer{}, err
 	}

@@ -24,6 +24,7 @@ import (
 type remoteAsk struct {
 	device, mode, strategy, first, trace, system string
 	cloudPassages, switchEvery                   int
+	hedges, hedgeDepth                           int
 	codecTopP                                    float64
 	asJSON                                       bool
 	stop                                         []string
@@ -41,6 +42,8 @@ func (r *remoteAsk) register(cmd *cobra.Command) {
 	f.StringVar(&r.strategy, "strategy", "greedy", "with --device: aggregator placement: greedy, device, cloud or random")
 	f.StringVar(&r.first, "first", "device", "with --device: the side that aggregates first")
 	f.IntVar(&r.switchEvery, "switch-every", 0, "with --device: move the aggregator every N steps whatever the strategy says")
+	f.IntVar(&r.hedges, "hedges", 0, "with --device: hedged drafts, at most this many open a side (the daemons decode branches only with their own --hedges; 0: none)")
+	f.IntVar(&r.hedgeDepth, "hedge-depth", 256, "with --device and --hedges: drafts of each hedge's branch")
 	f.Float64Var(&r.codecTopP, "codec-top-p", 0, "with --device: probability mass the distribution codec keeps (default 0.8)")
 	f.StringVar(&r.system, "system", "", "with --device: system message")
 	f.StringArrayVar(&r.stop, "stop", nil, "with --device: stop string (repeatable)")
@@ -60,6 +63,7 @@ func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) 
 	req := &dragonv1.GenerateRequest{
 		Prompt: question, System: r.system, PassagesDevice: uint32(max(r.k, 0)), PassagesCloud: uint32(max(r.cloudPassages, 0)),
 		CodecTopP: float32(r.codecTopP), SwitchEvery: uint32(max(r.switchEvery, 0)), RecordTrace: r.trace != "",
+		MaxHedges: uint32(max(r.hedges, 0)), HedgeDepth: uint32(max(r.hedgeDepth, 0)),
 		Sampling: &dragonv1.SamplingParams{
 			Temperature: float32(r.sampling.Temperature), TopK: uint32(max(r.sampling.TopK, 0)), TopP: float32(r.sampling.TopP),
 			MinP: float32(r.sampling.MinP), RepetitionPenalty: float32(r.sampling.RepeatPenalty), Seed: r.sampling.Seed,

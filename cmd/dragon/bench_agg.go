@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,8 +18,12 @@ import (
 func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
 
 // blindMode is dragon mode with Blind drafts, to measure what drafting
-// beside the peer's drafts is worth.
-const blindMode = "dragon-blind"
+// beside the peer's drafts is worth; hedgedMode dragon mode with hedged
+// drafts.
+const (
+	blindMode  = "dragon-blind"
+	hedgedMode = "dragon-hedged"
+)
 
 func newBenchAggCmd() *cobra.Command {
 	var (
@@ -31,6 +36,8 @@ func newBenchAggCmd() *cobra.Command {
 		rerankModel       string
 		rerankCandidates  int
 		rescoreEvery      int
+		hedges, depth     int
+		hedgeBelow        float64
 	)
 	cmd := &cobra.Command{
 		Use:   "agg",
@@ -50,15 +57,25 @@ make model, make index and (optionally) make profile first.`,
 			}
 			for _, name := range strings.Split(modes, ",") {
 				name = strings.TrimSpace(name)
-				blind, base := name == blindMode, name
-				if blind {
+				blind, hedged, base := name == blindMode, name == hedgedMode, name
+				if blind || hedged {
 					base = "dragon"
 				}
 				m, err := parseModeName(base)
 				if err != nil {
 					return fmt.Errorf("--modes: %w", err)
 				}
-				o.Modes = append(o.Modes, aggbench.Mode{Name: name, Mode: m, Blind: blind})
+				mode := aggbench.Mode{Name: name, Mode: m, Blind: blind}
+				if hedged {
+					if hedges < 1 {
+						return fmt.Errorf("--modes %s needs --hedges of at least 1", hedgedMode)
+					}
+					mode.Hedges, mode.HedgeDepth = hedges, depth
+				}
+				o.Modes = append(o.Modes, mode)
+			}
+			if slices.ContainsFunc(o.Modes, func(m aggbench.Mode) bool { return m.Hedges > 0 }) {
+				o.DaemonFlags = append(o.DaemonFlags, "--hedges", strconv.Itoa(hedges), "--hedge-below", strconv.FormatFloat(hedgeBelow, 'g', -1, 64))
 			}
 			if o.Temperature < 0 || math.IsNaN(o.Temperature) {
 				return fmt.Errorf("--temperature %v: must be 0 (greedy) or positive", o.Temperature)
@@ -97,7 +114,10 @@ make model, make index and (optionally) make profile first.`,
 	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
-	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's)")
+	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's; "+hedgedMode+": dragon with hedged drafts)")
+	f.IntVar(&hedges, "hedges", 2, "with "+hedgedMode+": hedges each side may have open (both daemons reserve as many branches)")
+	f.IntVar(&depth, "hedge-depth", 256, "with "+hedgedMode+": drafts of each hedge's branch")
+	f.Float64Var(&hedgeBelow, "hedge-below", 0, "with "+hedgedMode+": hedge every draft of probability below this instead of where the measured rule says it pays (0: the rule)")
 	f.IntVar(&questions, "questions", 8, "questions of the built-in set")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens per answer")
 	f.IntVar(&o.Passages, "passages", 2, "passages per side")

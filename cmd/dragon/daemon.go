@@ -56,11 +56,15 @@ type sideFlags struct {
 	threads, passages, maxPassages   int
 	ctxPerSeq, maxTokens, limitToks  int
 	maxPrompt                        int
-	noSpec, pprof                    bool
-	listen, http                     string
-	drain                            time.Duration
-	grpc                             wire.Config
-	kvCache                          kvCacheFlags
+	// hedges reserves hedge branches (decoder.Options.Hedges); hedgeBelow
+	// replaces the measured rule (session.Options.HedgeBelow).
+	hedges        int
+	hedgeBelow    float64
+	noSpec, pprof bool
+	listen, http  string
+	drain         time.Duration
+	grpc          wire.Config
+	kvCache       kvCacheFlags
 	// memoryMB > 0 sizes the context to a budget (planMemory); only the
 	// device daemon registers it.
 	memoryMB int
@@ -88,6 +92,8 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.IntVar(&f.limitToks, "max-tokens-limit", 512, "most tokens a request may ask for")
 	fs.IntVar(&f.maxPrompt, "max-prompt-bytes", 16<<10, "longest prompt a request may send")
 	fs.BoolVar(&f.noSpec, "no-spec", false, "turn local speculative decoding off")
+	fs.IntVar(&f.hedges, "hedges", 0, "hedge branches one generation may decode at once (hedged drafts, for requests that ask for them): each reserves --max-passages more KV sequences; 0: this side never hedges")
+	fs.Float64Var(&f.hedgeBelow, "hedge-below", 0, "hedge every draft whose probability is below this instead of where the measured rule says hedging pays (experiments; 0: the rule)")
 	f.grpc.RegisterFlags(fs, "") // --token may also come from $DRAGON_TOKEN
 }
 
@@ -111,6 +117,10 @@ func (f *sideFlags) validate() error {
 		return fmt.Errorf("--rescore-every %d: need 0, or more with a --rerank-model to score with", f.rescoreEvery)
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
+	case f.hedges < 0 || f.hedges > session.MaxHedges:
+		return fmt.Errorf("--hedges %d: need 0 to %d", f.hedges, session.MaxHedges)
+	case f.hedgeBelow < 0 || f.hedgeBelow > 1:
+		return fmt.Errorf("--hedge-below %v: need a probability (0: the measured rule)", f.hedgeBelow)
 	}
 	return f.kvCache.validate()
 }
@@ -123,6 +133,7 @@ type side struct {
 	backendReady func(context.Context) error
 	decoder      decoder.Options
 	fit          profiler.DecodeFit
+	hedgeBelow   float64
 	limits       session.Limits
 	registry     *prometheus.Registry
 	metrics      *session.Metrics
@@ -176,7 +187,8 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		}
 		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
 	}
-	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads}
+	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads, Hedges: f.hedges}
+	s.hedgeBelow = f.hedgeBelow
 	if f.rescoreEvery > 0 {
 		s.decoder.RescoreEvery, s.decoder.Rescore = f.rescoreEvery, rescoreWith(reranker)
 	}
@@ -210,14 +222,19 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 // fitMemory lowers --max-passages (and --passages with it) to what
 // --memory-mb holds, or fails when it cannot hold one sequence.
 func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
-	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, f.maxPassages, int64(f.kvCache.memoryMB)<<20)
+	// Each hedge branch takes a sequence per passage.
+	per := 1 + f.hedges
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, f.maxPassages*per, int64(f.kvCache.memoryMB)<<20)
 	if err != nil {
 		return err
 	}
-	if p.Sequences < f.maxPassages {
-		log.Info("--memory-mb lowers --max-passages", "max_passages", p.Sequences, "asked", f.maxPassages)
-		f.maxPassages = p.Sequences
-		f.passages = min(f.passages, p.Sequences)
+	if p.Sequences < f.maxPassages*per {
+		if p.Sequences < per {
+			return fmt.Errorf("--memory-mb %d holds %d sequences: too few for one passage and %d hedge branches (lower --hedges)", f.memoryMB, p.Sequences, f.hedges)
+		}
+		log.Info("--memory-mb lowers --max-passages", "max_passages", p.Sequences/per, "asked", f.maxPassages, "hedges", f.hedges)
+		f.maxPassages = p.Sequences / per
+		f.passages = min(f.passages, f.maxPassages)
 	}
 	log.Info("memory budget", "memory_mb", f.memoryMB, "weights_mb", mib(p.Weights), "compute_mb", mib(p.Compute),
 		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "sequences", p.Sequences, "ctx", f.ctxPerSeq)
@@ -226,7 +243,7 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 
 // config is the session configuration of what was loaded.
 func (s *side) config(log *slog.Logger) session.SideConfig {
-	return session.SideConfig{Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, Metrics: s.metrics, Log: log}
+	return session.SideConfig{Model: s.model, Decoder: s.decoder, Retriever: s.retriever, Limits: s.limits, Fit: s.fit, HedgeBelow: s.hedgeBelow, Metrics: s.metrics, Log: log}
 }
 
 // autoInsecure lets a daemon or client on loopback run without TLS when

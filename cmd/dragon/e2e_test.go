@@ -157,6 +157,42 @@ func TestRealGreedyDragonEqualsTokenWise(t *testing.T) {
 	assert.Greater(t, switches, uint32(10), "the aggregator moved")
 }
 
+// TestRealHedgedDragonEqualsTokenWise: on the real model, with both
+// daemons hedging every draft below probability 0.9 (two branches each)
+// and the cloud aggregating, so that the device, whose drafts the mixture
+// rejects more often, hedges, greedy dragon emits exactly greedy
+// token-wise's tokens over a link of 0 and 150 ms each way with jitter,
+// and rejections landed on hedges.
+func TestRealHedgedDragonEqualsTokenWise(t *testing.T) {
+	hedge := []string{"--hedges", "2", "--hedge-below", "0.9"}
+	var hits, rejected uint64
+	for _, latency := range []time.Duration{0, 150 * time.Millisecond} {
+		client, dev, cld := pairWith(t, latency, hedge, hedge, nil)
+		var hedges uint64
+		for i, q := range promptset.Questions[:4] {
+			req := func(mode dragonv1.Mode, n uint32) *dragonv1.GenerateRequest {
+				return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, MaxHedges: n, HedgeDepth: 128, Strategy: dragonv1.Strategy_STRATEGY_CLOUD,
+					Aggregator: dragonv1.Side_SIDE_CLOUD, Sampling: &dragonv1.SamplingParams{MaxTokens: 20}}
+			}
+			tw, err := ask(t, client, req(dragonv1.Mode_MODE_TOKEN_WISE_SYNC, 0))
+			require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+			dr, err := ask(t, client, req(dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, 2))
+			require.NoError(t, err, "device log:\n%s\ncloud log:\n%s", dev.Logs(), cld.Logs())
+			require.False(t, dr.Summary.GetFallback(), "question %d: %s", i, dr.Summary.GetFallbackReason())
+			assert.Equal(t, tw.Tokens, dr.Tokens, "%v, question %d: %q\ntw:     %q\ndragon: %q", latency, i, q, tw.Text, dr.Text)
+			s := dr.Summary
+			hedges += s.GetHedgesDevice() + s.GetHedgesCloud()
+			hits += s.GetHedgeHitsDevice() + s.GetHedgeHitsCloud()
+			rejected += s.GetRejectedDevice() + s.GetRejectedCloud()
+			t.Logf("%v, %d: hedged %d/%d, adopted %d/%d, rejected %d/%d", latency, i, s.GetHedgesDevice(), s.GetHedgesCloud(),
+				s.GetHedgeHitsDevice(), s.GetHedgeHitsCloud(), s.GetRejectedDevice(), s.GetRejectedCloud())
+		}
+		assert.Positive(t, hedges, "%v: drafts were hedged", latency)
+	}
+	t.Logf("%d of %d rejections adopted a hedge", hits, rejected)
+	assert.Positive(t, hits, "rejections landed on hedges")
+}
+
 // greedyDragonEqualsTW asks question i (q) greedily in token-wise
 // synchronisation and in dragon with the aggregator moved every 3 steps,
 // checks that both emit the same tokens, and returns dragon's answer.

@@ -495,8 +495,15 @@ type GenerateSummary struct {
 	LowProbDraftsCloud  []uint64 `protobuf:"varint,34,rep,packed,name=low_prob_drafts_cloud,json=lowProbDraftsCloud,proto3" json:"low_prob_drafts_cloud,omitempty"`
 	LowProbCaughtDevice []uint64 `protobuf:"varint,35,rep,packed,name=low_prob_caught_device,json=lowProbCaughtDevice,proto3" json:"low_prob_caught_device,omitempty"`
 	LowProbCaughtCloud  []uint64 `protobuf:"varint,36,rep,packed,name=low_prob_caught_cloud,json=lowProbCaughtCloud,proto3" json:"low_prob_caught_cloud,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Hedged drafts (GenerateRequest.max_hedges): hedges each side declared,
+	// and the rejections of its drafts that adopted a hedge's branch instead
+	// of costing a round trip.
+	HedgesDevice    uint64 `protobuf:"varint,37,opt,name=hedges_device,json=hedgesDevice,proto3" json:"hedges_device,omitempty"`
+	HedgesCloud     uint64 `protobuf:"varint,38,opt,name=hedges_cloud,json=hedgesCloud,proto3" json:"hedges_cloud,omitempty"`
+	HedgeHitsDevice uint64 `protobuf:"varint,39,opt,name=hedge_hits_device,json=hedgeHitsDevice,proto3" json:"hedge_hits_device,omitempty"`
+	HedgeHitsCloud  uint64 `protobuf:"varint,40,opt,name=hedge_hits_cloud,json=hedgeHitsCloud,proto3" json:"hedge_hits_cloud,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GenerateSummary) Reset() {
@@ -779,6 +786,34 @@ func (x *GenerateSummary) GetLowProbCaughtCloud() []uint64 {
 		return x.LowProbCaughtCloud
 	}
 	return nil
+}
+
+func (x *GenerateSummary) GetHedgesDevice() uint64 {
+	if x != nil {
+		return x.HedgesDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetHedgesCloud() uint64 {
+	if x != nil {
+		return x.HedgesCloud
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetHedgeHitsDevice() uint64 {
+	if x != nil {
+		return x.HedgeHitsDevice
+	}
+	return 0
+}
+
+func (x *GenerateSummary) GetHedgeHitsCloud() uint64 {
+	if x != nil {
+		return x.HedgeHitsCloud
+	}
+	return 0
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1191,7 +1226,7 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xcb\r\n" +
+	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xe9\x0e\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1230,7 +1265,11 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x16low_prob_drafts_device\x18! \x03(\x04R\x13lowProbDraftsDevice\x121\n" +
 	"\x15low_prob_drafts_cloud\x18\" \x03(\x04R\x12lowProbDraftsCloud\x123\n" +
 	"\x16low_prob_caught_device\x18# \x03(\x04R\x13lowProbCaughtDevice\x121\n" +
-	"\x15low_prob_caught_cloud\x18$ \x03(\x04R\x12lowProbCaughtCloud\"\xa1\x01\n" +
+	"\x15low_prob_caught_cloud\x18$ \x03(\x04R\x12lowProbCaughtCloud\x12#\n" +
+	"\rhedges_device\x18% \x01(\x04R\fhedgesDevice\x12!\n" +
+	"\fhedges_cloud\x18& \x01(\x04R\vhedgesCloud\x12*\n" +
+	"\x11hedge_hits_device\x18' \x01(\x04R\x0fhedgeHitsDevice\x12(\n" +
+	"\x10hedge_hits_cloud\x18( \x01(\x04R\x0ehedgeHitsCloud\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
