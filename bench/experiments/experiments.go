@@ -54,11 +54,18 @@ type Options struct {
 	Log     func(format string, args ...any)
 }
 
+// hedgeSlots are the hedge branches each daemon reserves for E1's
+// dragon-hedged.
+const hedgeSlots = 2
+
 // The modes of E1 and E2, and the strategies of E3 (dragon mode).
 var (
 	latencyModes = []aggbench.Mode{
 		{Name: "dragon", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION},
 		{Name: "dragon-blind", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Blind: true},
+		// Hedged drafts where the measured rule says they pay (both daemons
+		// reserve hedgeSlots branches).
+		{Name: "dragon-hedged", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Hedges: hedgeSlots, HedgeDepth: 256},
 		{Name: "tw", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC},
 		{Name: "sw", Mode: dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC},
 		{Name: "device-only", Mode: dragonv1.Mode_MODE_DEVICE_ONLY},
@@ -71,7 +78,7 @@ var (
 		{Name: "strategy/cloud", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
 		{Name: "strategy/random", Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, Strategy: dragonv1.Strategy_STRATEGY_RANDOM},
 	}
-	e1Modes    = []string{"dragon", "dragon-blind", "tw", "sw", "device-only", "cloud-only"}
+	e1Modes    = []string{"dragon", "dragon-hedged", "dragon-blind", "tw", "sw", "device-only", "cloud-only"}
 	e2Modes    = []string{"dragon", "context", "kv", "device-only"}
 	strategies = []string{"greedy", "device", "cloud", "random"}
 )
@@ -245,7 +252,7 @@ func latency(ctx context.Context, o Options) (*LatencyResults, error) {
 	// Every mode asks every question: with KV caches the modes after the
 	// first would find its passages prefilled. E1–E3 compare the modes
 	// themselves, so the caches are off; E2 with the cache is its own part.
-	agg.DaemonFlags = append(slices.Clone(agg.DaemonFlags), "--kv-cache-mb", "0")
+	agg.DaemonFlags = append(slices.Clone(agg.DaemonFlags), "--kv-cache-mb", "0", "--hedges", strconv.Itoa(hedgeSlots))
 	agg.Log = o.Log
 	real, err := aggbench.Run(ctx, agg)
 	if err != nil {

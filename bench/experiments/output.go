@@ -131,7 +131,14 @@ func report(r Results) string {
 			}
 			pr(" (greedy: the side that holds the peer's draft of a step drafts the mixture's argmax, DESIGN-NOTES).\n")
 		}
-		pr("- Greedy answers of the speculative-aggregation runs (dragon, dragon-blind and each E3 strategy) equal greedy tw's for %d of %d (answer, latency) pairs; draft acceptance in dragon runs: device %.2f, cloud %.2f.\n", l.Identical[0], l.Identical[1], l.Acceptance["device"], l.Acceptance["cloud"])
+		if _, ok := l.PerTokenMS["dragon-hedged"]; ok {
+			pr("- dragon-hedged hedges drafts where the measured rule says it pays (DESIGN-NOTES, \"Hedged drafts\"). dragon-hedged / dragon:")
+			for _, k := range keys {
+				pr(" %.2f at %s ms;", ratio(l.PerTokenMS, "dragon-hedged", "dragon", k), k)
+			}
+			pr("\n")
+		}
+		pr("- Greedy answers of the speculative-aggregation runs (dragon, its variants and each E3 strategy) equal greedy tw's for %d of %d (answer, latency) pairs; draft acceptance in dragon runs: device %.2f, cloud %.2f.\n", l.Identical[0], l.Identical[1], l.Acceptance["device"], l.Acceptance["cloud"])
 		pr("- sw's time per token runs from the device's first candidate token to the decision (its answer arrives at once). ")
 		pr("Our sw is REPLUG-style rescoring: the two candidates and their per-token scores cross once, a few hundred bytes, so it pays one round trip per answer; ")
 		pr("DRAGON's DRDG/SW sends every token's full distribution after generation (§7.3), the one-time large transfer that makes it grow with latency in their Fig. 6.\n\n")
