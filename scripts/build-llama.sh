@@ -50,15 +50,18 @@
 # it ggml's f16 vector code accumulates in f16, where x86 converts to
 # f32).
 #
-# ggml's weight repacking is off there and in x86's exact build
-# (GGML_CPU_REPACK), as is its tiled K-quant matmul (below): it hands
-# passes of 4 rows and more to a GEMM over repacked weights whose sums
-# are not its one-row GEMV's, and the decoder's batched = alone invariant
-# (docs/DESIGN-NOTES.md) needs a row's logits not to depend on its pass.
-# ARM repacks Q8_0 (12 rows in one pass differed from the same rows one by
-# one by up to 0.99 in a logit under qemu); x86 repacks Qwen's Q4_K (the
-# same rows differed by up to 0.48 from 4 rows on, enough to flip greedy
-# answers).
+# ggml's weight repacking hands passes of 4 rows and more to a GEMM over
+# repacked weights whose sums are not its one-row GEMV's, and the
+# decoder's batched = alone invariant (docs/DESIGN-NOTES.md) needs a row's
+# logits not to depend on its pass (ARM repacks Q8_0: 12 rows in one pass
+# differed from the same rows one by one by up to 0.99 in a logit under
+# qemu; x86 repacks Qwen's Q4_K: up to 0.48 from 4 rows on, enough to flip
+# greedy answers). So repacking is off on ARM, and x86's exact build keeps
+# it but sends every row of a pass through the one-row GEMV (each row
+# quantized alone, as a one-row pass does): the repacked GEMV is what
+# makes upstream's Qwen passes fast (a 1.5B pass of 16 rows took 1.9x
+# upstream's time with repacking off). ggml's tiled K-quant matmul
+# (below) is off too, for the same reason.
 #
 # A no-op when OUT/BUILD records this very source and these flags.
 set -euo pipefail
@@ -133,7 +136,6 @@ if [ "$arch" = amd64 ] && [ "${LLAMAFILE:-ON}" = ON ] && [ "${SGEMM_GUARD:-exact
     ;;
   esac
   guard=weights-under-$guard_rows-rows
-  flags+=(-DGGML_CPU_REPACK=OFF)
   case ${ATTN:-on} in
   on) attn=pad32-rm8 ;;
   off) ;;
@@ -148,7 +150,7 @@ q8patch=$here/llama-kernels.patch
 attnpatch=$here/llama-attn.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$guard" != upstream ]; then
-  want+=" tiled-mm=opt-in"
+  want+=" tiled-mm=opt-in repack=gemv-rows"
 fi
 if [ "$q8rows" != off ]; then
   # The patch's own hash too, so an edited kernel rebuilds.
@@ -211,6 +213,18 @@ if [ "$guard" != upstream ]; then
   # products then take tinyBLAS at every pass size.
   replace_line "$lsrc/ggml/src/ggml-cpu/llamafile/sgemm.cpp" "the one-row guard" \
     '    if (n < 2)' "    if (n < $guard_rows && Atype != GGML_TYPE_F16)"
+  # Repacked weights: every row of a pass is quantized alone and takes the
+  # one-row GEMV, never the 4-row GEMM (see the top of this script).
+  repack=$lsrc/ggml/src/ggml-cpu/repack.cpp
+  replace_line "$repack" "the 4-row quantization" \
+    '            for (int64_t i11 = ith * 4; i11 < ne11 - ne11 % 4; i11 += nth * 4) {' \
+    '            for (int64_t i11 = ith * 4; i11 < 0; i11 += nth * 4) {'
+  replace_line "$repack" "the rows quantized alone" \
+    '            const int64_t i11_processed = ne11 - ne11 % 4;' '            const int64_t i11_processed = 0;'
+  replace_line "$repack" "the GEMM's switch" \
+    '        if (nrows > 3) {' '        if (false) {'
+  replace_line "$repack" "the GEMV's rows" \
+    '        for (int iter = nrows - (nrows % 4); iter < nrows; iter++) {' '        for (int iter = 0; iter < nrows; iter++) {'
 fi
 # Our patches; patch refuses a source whose lines differ from a patch's
 # context at all.
