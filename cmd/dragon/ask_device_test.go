@@ -104,6 +104,7 @@ func TestSummaryJSONValues(t *testing.T) {
 		Fallback: true, FallbackStep: 7, FallbackReason: "cloud gone", PassagesRestoredDevice: 2, PassagesRestoredCloud: 1,
 		LowProbDraftsDevice: []uint64{1, 2, 3}, LowProbDraftsCloud: []uint64{4, 5, 6},
 		LowProbCaughtDevice: []uint64{0, 1, 2}, LowProbCaughtCloud: []uint64{1, 1, 3},
+		HedgesDevice: 5, HedgesCloud: 8, HedgeHitsDevice: 1, HedgeHitsCloud: 3,
 	}
 	fields := summaryFields()
 	for i := range fields.Len() {
@@ -155,6 +156,10 @@ func TestSummaryJSONValues(t *testing.T) {
 		{"fallback_reason", "cloud gone"},
 		{"passages_restored_device", 2.0},
 		{"passages_restored_cloud", 1.0},
+		{"hedges_device", 5.0},
+		{"hedges_cloud", 8.0},
+		{"hedge_hits_device", 1.0},
+		{"hedge_hits_cloud", 3.0},
 	} {
 		assert.Equal(t, c.want, got[c.key], c.key)
 		delete(got, c.key)
