@@ -287,3 +287,28 @@ func TestMalformedHedgesEndTheStream(t *testing.T) {
 	_, err = New(Config{Self: Device, Aggregator: Device, Share: true, Hedges: 1})
 	assert.Error(t, err, "hedges need a depth")
 }
+
+// TestAFinishedFollowerConfirmsAndTakesTheAggregator: the side that does
+// not aggregate decided the last steps itself and is done; the
+// aggregator's verdicts of some of them still confirm them, and its
+// handover at the first step it did not decide is taken (the rest of the
+// verdicts go back) rather than refused as a gap (found with 80-token
+// sampled answers moving the aggregator every 5 steps).
+func TestAFinishedFollowerConfirmsAndTakesTheAggregator(t *testing.T) {
+	cfg := hedgeConfig(Cloud, Device)
+	cfg.MaxSteps = 3
+	n, err := New(cfg)
+	require.NoError(t, err)
+	step(t, n, LocalDrafts{Drafts: []Draft{eq(t, Cloud, 0, 0, tokA), eq(t, Cloud, 1, 0, tokA), eq(t, Cloud, 2, 0, tokA)}})
+	dev := []Draft{eq(t, Device, 0, 0, tokA), eq(t, Device, 1, 0, tokA), eq(t, Device, 2, 0, tokA)}
+	step(t, n, RemoteDrafts{Drafts: dev})
+	require.True(t, n.Done())
+	step(t, n, RemoteVerdicts{Verdicts: []Verdict{{Step: 0, Target: tokA, Accept: [2]bool{true, true}}}})
+	acts := step(t, n, RemoteHandover{Handover: Handover{NextStep: 1, Queue: dev[1:]}})
+	vs := verdictsOf(acts)
+	require.Len(t, vs, 2)
+	assert.Equal(t, uint64(1), vs[0].Step)
+	assert.Equal(t, uint64(2), vs[1].Step)
+	_, err = n.Step(RemoteVerdicts{Verdicts: []Verdict{{Step: 1, Target: tokB, Accept: [2]bool{false, false}, NextEpoch: [2]uint32{1, 1}}}})
+	assert.ErrorIs(t, err, ErrProtocol, "an aggregator now")
+}

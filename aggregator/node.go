@@ -662,7 +662,17 @@ func (n *Node) stepVerdicts(vs []Verdict) ([]Action, error) {
 		return nil, fmt.Errorf("%w: verdicts from the peer while this side aggregates", ErrProtocol)
 	}
 	if n.done {
-		return nil, nil // steps decided past the end
+		// Steps decided past the end are ignored, but the verdicts of steps
+		// this side decided itself still confirm them: a handover that
+		// follows names the first step the peer did not decide.
+		for _, v := range vs {
+			if len(n.unconfirmed) > 0 && v.Step == n.unconfirmed[0].Step {
+				if err := n.confirm(v); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return nil, nil
 	}
 	var acts []Action
 	self := n.cfg.Self
