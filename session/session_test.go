@@ -603,7 +603,7 @@ func TestHedgedAnswersAreTokenWiseOnes(t *testing.T) {
 	}
 	var hits uint64
 	for _, sp := range []sampling.Params{{}, {Temperature: 0.9, Seed: 77}} {
-		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp})
+		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp, maxTokens: 80})
 		for _, c := range []pairConfig{
 			{first: aggregator.Device, strategy: aggregator.StaticDevice},
 			{first: aggregator.Device, strategy: aggregator.StaticDevice, spec: true, latency: jitter(15 * time.Millisecond)},
@@ -611,6 +611,7 @@ func TestHedgedAnswersAreTokenWiseOnes(t *testing.T) {
 			{switchEvery: 5, spec: true, latency: jitter(15 * time.Millisecond)},
 		} {
 			c.sampling, c.hedges, c.hedgeDepth, c.hedgeBelow = sp, 3, 64, 1
+			c.maxTokens = 80 // rejections enough for some to land on hedges
 			c.cloudCall = 2 * time.Millisecond // the cloud lags, so it drafts blind
 			name := fmt.Sprintf("temperature %v, first %v, switch every %d, spec %v, latency %v", sp.Temperature, c.first, c.switchEvery, c.spec, c.latency != nil)
 			dev, cld := runPair(t, c)
