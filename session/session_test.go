@@ -611,7 +611,7 @@ func TestHedgedAnswersAreTokenWiseOnes(t *testing.T) {
 			{switchEvery: 5, spec: true, latency: jitter(15 * time.Millisecond)},
 		} {
 			c.sampling, c.hedges, c.hedgeDepth, c.hedgeBelow = sp, 3, 64, 1
-			c.maxTokens = 80 // rejections enough for some to land on hedges
+			c.maxTokens = 80                   // rejections enough for some to land on hedges
 			c.cloudCall = 2 * time.Millisecond // the cloud lags, so it drafts blind
 			name := fmt.Sprintf("temperature %v, first %v, switch every %d, spec %v, latency %v", sp.Temperature, c.first, c.switchEvery, c.spec, c.latency != nil)
 			dev, cld := runPair(t, c)
