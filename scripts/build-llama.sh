@@ -148,9 +148,10 @@ fi
 here=$(cd "$(dirname "$0")" && pwd)
 q8patch=$here/llama-kernels.patch
 attnpatch=$here/llama-attn.patch
+repackpatch=$here/llama-repack.patch
 want="$pkg==$ver sha256:$sha ${flags[*]} sgemm-guard=$guard"
 if [ "$guard" != upstream ]; then
-  want+=" tiled-mm=opt-in repack=gemv-rows"
+  want+=" tiled-mm=opt-in repack=gemv-rows:$(sha256sum <"$repackpatch" | cut -c1-16)"
 fi
 if [ "$q8rows" != off ]; then
   # The patch's own hash too, so an edited kernel rebuilds.
@@ -173,7 +174,7 @@ if [ -f "$out/BUILD" ] && [ "$(cat "$out/BUILD")" = "$want" ] && { [ "${LLAMA_BE
   exit 0
 fi
 tools=(cmake "$cxx" python3)
-if [ "$q8rows" != off ] || [ "$attn" != off ]; then
+if [ "$guard" != upstream ] || [ "$q8rows" != off ] || [ "$attn" != off ]; then
   tools+=(patch)
 fi
 for tool in "${tools[@]}"; do
@@ -232,6 +233,10 @@ apply_patch() {
   patch -d "$lsrc" -p1 --fuzz=0 --forward --batch --no-backup-if-mismatch --quiet <"$1" ||
     { echo "error: $1 does not apply to this source" >&2; exit 1; }
 }
+if [ "$guard" != upstream ]; then
+  # Our rows kernel for repacked Q4_K weights (after the edits above).
+  apply_patch "$repackpatch"
+fi
 if [ "$q8rows" != off ]; then
   # Our kernels for Q8_0 and Q4_1 weights.
   apply_patch "$q8patch"
