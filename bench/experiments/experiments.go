@@ -147,6 +147,8 @@ type QualityResults struct {
 	Corpus string `json:"corpus,omitempty"`
 	// Split is QualityOptions.Split (empty: SplitFiles, as runs before it).
 	Split string `json:"split,omitempty"`
+	// OwnArticle is QualityOptions.OwnArticle.
+	OwnArticle bool `json:"own_article,omitempty"`
 }
 
 // keys are the passages per side as the PPL tables key them.
@@ -221,7 +223,7 @@ func Run(ctx context.Context, o Options) (Results, error) {
 			return res, err
 		}
 		res.Family = &QualityResults{PPL: ppl, Passages: q.Passages, Windows: windows, Words: q.Words,
-			Methods: append([]string{"none"}, q.Methods...), Model: filepath.Base(q.Model.Info().Path), Corpus: q.Corpus, Split: cmp.Or(q.Split, SplitFiles)}
+			Methods: append([]string{"none"}, q.Methods...), Model: filepath.Base(q.Model.Info().Path), Corpus: q.Corpus, Split: cmp.Or(q.Split, SplitFiles), OwnArticle: q.OwnArticle}
 		res.Family.Meta = meta(start)
 	}
 	if o.Spec {

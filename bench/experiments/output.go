@@ -228,6 +228,9 @@ func report(r Results) string {
 		meta(q.Meta)
 		pr(" Perplexity of the second half of %d held-out windows of %d words of %s (real Wikipedia, `make wiki`), given the first half, ", q.Windows, q.Words, q.Corpus)
 		pr("with %s on both sides, as the paper runs Qwen2.5-1.5B on both; ", q.Model)
+		if q.OwnArticle {
+			pr("each window's own article kept in the corpus without the window (its words before and after it as two documents), as the paper's WikiText articles are in the Wikipedia it retrieves from; ")
+		}
 		if q.Split == SplitRank {
 			pr("the rest of the corpus in one BM25 index, and of the top 2k passages for the first half the cloud gets the first k and the device the next k, ")
 			pr("as the paper splits them (§7.2: \"insufficient but complementary\" sides). ")

@@ -45,6 +45,12 @@ type QualityOptions struct {
 	// Split is how the two sides' passages are drawn: SplitFiles (the
 	// default) or SplitRank.
 	Split string
+	// OwnArticle keeps the rest of each window's article in the corpus:
+	// the text before the window and the text after it, as two documents,
+	// so no passage holds the window's words. The paper's WikiText
+	// articles are in the Wikipedia it retrieves from; without this only
+	// other articles are.
+	OwnArticle bool
 }
 
 // How E4 gives each side its passages.
@@ -119,6 +125,18 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		if !slices.Contains(sources, filepath.Base(n)) {
 			rest = append(rest, n)
 		}
+	}
+	if o.OwnArticle {
+		dir, err := os.MkdirTemp("", "dragon-e4-own")
+		if err != nil {
+			return nil, 0, err
+		}
+		defer os.RemoveAll(dir)
+		parts, err := articleRests(o.Corpus, dir, texts, sources)
+		if err != nil {
+			return nil, 0, err
+		}
+		rest = append(rest, parts...)
 	}
 	// One index per side, or one for both under SplitRank.
 	parts, sides := [][]string{rest}, []string{"shared"}
@@ -298,4 +316,44 @@ func contextPrompt(hits []retrieval.Hit, text string) string {
 		all.WriteString(h.Passage.Text + "\n\n")
 	}
 	return all.String() + text
+}
+
+// articleRests writes, for each window texts[i] of the document
+// sources[i] in corpus, the document's words before the window and after
+// it as two documents in dir (none where a side is empty), and returns
+// their paths.
+func articleRests(corpus, dir string, texts, sources []string) ([]string, error) {
+	var paths []string
+	for i, src := range sources {
+		raw, err := os.ReadFile(filepath.Join(corpus, src))
+		if err != nil {
+			return nil, fmt.Errorf("experiments: E4 own article: %w", err)
+		}
+		fields, window := strings.Fields(string(raw)), strings.Fields(texts[i])
+		at := -1
+		for j := 0; j+len(window) <= len(fields); j++ {
+			if slices.Equal(fields[j:j+len(window)], window) {
+				at = j
+				break
+			}
+		}
+		if at < 0 {
+			return nil, fmt.Errorf("experiments: E4 own article: window %d not found in %s", i, src)
+		}
+		base := strings.TrimSuffix(src, ".txt")
+		for _, part := range []struct {
+			name  string
+			words []string
+		}{{base + ".before.txt", fields[:at]}, {base + ".after.txt", fields[at+len(window):]}} {
+			if len(part.words) == 0 {
+				continue
+			}
+			p := filepath.Join(dir, part.name)
+			if err := os.WriteFile(p, []byte(strings.Join(part.words, " ")+"\n"), 0o644); err != nil {
+				return nil, fmt.Errorf("experiments: E4 own article: %w", err)
+			}
+			paths = append(paths, p)
+		}
+	}
+	return paths, nil
 }

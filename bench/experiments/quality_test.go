@@ -92,3 +92,22 @@ func TestContextPromptPutsTheMostRelevantNextToTheText(t *testing.T) {
 	assert.Equal(t, "third", hits[0].Passage.Text, "the caller's order is kept")
 	assert.Equal(t, "The text.", contextPrompt(nil, "The text."))
 }
+
+// TestArticleRestsLeaveTheWindowOut: the window's article comes back as
+// its words before and after the window, neither holding the window, and
+// a window at the article's end leaves no empty document.
+func TestArticleRestsLeaveTheWindowOut(t *testing.T) {
+	corpus, out := t.TempDir(), t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(corpus, "x.txt"), []byte("one two\nthree four five six seven"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(corpus, "y.txt"), []byte("alpha beta gamma"), 0o644))
+	paths, err := articleRests(corpus, out, []string{"three four", "beta gamma"}, []string{"x.txt", "y.txt"})
+	require.NoError(t, err)
+	require.Equal(t, []string{filepath.Join(out, "x.before.txt"), filepath.Join(out, "x.after.txt"), filepath.Join(out, "y.before.txt")}, paths)
+	for i, want := range []string{"one two\n", "five six seven\n", "alpha\n"} {
+		got, err := os.ReadFile(paths[i])
+		require.NoError(t, err)
+		assert.Equal(t, want, string(got))
+	}
+	_, err = articleRests(corpus, out, []string{"two four"}, []string{"x.txt"})
+	assert.ErrorContains(t, err, "not found in x.txt")
+}

@@ -173,6 +173,7 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.FamilyOpts.RerankCandidates, "family-rerank-candidates", 16, "E4 as Fig. 5, re-ranked methods: first-stage (BM25) candidates per side")
 	f.IntVar(&o.FamilyOpts.RescoreEvery, "family-rescore-every", 16, "E4 as Fig. 5, dragon-dynamic: continuation tokens between re-scorings")
 	f.IntVar(&o.FamilyOpts.Words, "family-window-words", 96, "E4 as Fig. 5: words per window")
+	f.BoolVar(&o.FamilyOpts.OwnArticle, "family-own-article", false, "E4 as Fig. 5: keep the rest of each window's article (before and after the window) in the corpus, as the paper's WikiText articles are in the Wikipedia it retrieves from")
 	f.StringVar(&o.SpecOpts.Corpus, "spec-corpus", "data/corpus", "E5: folder of the two demo corpora (sotu/, mail/) the held-out prompts come from")
 	f.IntVar(&o.SpecOpts.Prompts, "spec-prompts", 16, "E5: held-out prompts (one passage each)")
 	f.IntVar(&o.SpecOpts.MaxTokens, "spec-tokens", 64, "E5: tokens per answer")
