@@ -60,7 +60,9 @@
 # it but sends every row of a pass through the one-row GEMV (each row
 # quantized alone, as a one-row pass does): the repacked GEMV is what
 # makes upstream's Qwen passes fast (a 1.5B pass of 16 rows took 1.9x
-# upstream's time with repacking off). ggml's tiled K-quant matmul
+# upstream's time with repacking off), and scripts/llama-repack.patch then
+# gives passes of 2 rows and more a kernel that keeps each row's GEMV
+# arithmetic while sharing the weights' unpacking. ggml's tiled K-quant matmul
 # (below) is off too, for the same reason.
 #
 # A no-op when OUT/BUILD records this very source and these flags.
