@@ -56,7 +56,10 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("decoder: unknown aggregation mode %q (want output or context)", s)
 }
 
-// Passage is a retrieved passage with its relevance score R(d, q).
+// Passage is a retrieved passage with its relevance score R(d, q). A
+// passage without text is the closed-book document: its sequence holds the
+// question alone, so the model's own knowledge enters the mixture as one
+// more document, weighed by its Score like the others.
 type Passage struct {
 	Text   string
 	Score  float64
@@ -476,15 +479,23 @@ func (d *Decoder) promptTexts(query string) ([]string, []float64) {
 	case len(d.passages) == 0:
 		return []string{d.renderChat(system, "", query)}, []float64{0}
 	case d.mode == ContextAggregation:
-		passages := ""
-		for i, p := range d.passages {
-			passages += fmt.Sprintf("Passage %d:\n%s\n\n", i+1, p.Text)
+		passages, n := "", 0
+		for _, p := range d.passages {
+			if p.Text == "" {
+				continue // one prompt is closed-book and open-book at once
+			}
+			n++
+			passages += fmt.Sprintf("Passage %d:\n%s\n\n", n, p.Text)
 		}
 		return []string{d.renderChat(system, passages, query)}, []float64{0}
 	}
 	texts := make([]string, len(d.passages))
 	for i, p := range d.passages {
-		texts[i] = d.renderChat(system, "Passage:\n"+p.Text+"\n\n", query)
+		context := ""
+		if p.Text != "" {
+			context = "Passage:\n" + p.Text + "\n\n"
+		}
+		texts[i] = d.renderChat(system, context, query)
 	}
 	return texts, passageScores(d.passages)
 }

@@ -59,6 +59,7 @@ func TestHistoryExtendsLastTurn(t *testing.T) {
 	defer smol.Close()
 	const q1, q2 = "Who lit the lamp?", "And when?"
 	passages := threePassages[:2]
+	withClosedBook := append(slices.Clone(passages), Passage{Score: -1, Source: "closed book"})
 	models := []struct {
 		name     string
 		model    engine.Model
@@ -81,10 +82,20 @@ func TestHistoryExtendsLastTurn(t *testing.T) {
 			"Passage 1:\n" + passages[0].Text + "\n\nPassage 2:\n" + passages[1].Text + "\n\nQuestion: " + q1,
 		}},
 		{"no passages", nil, OutputAggregation, []string{"Question: " + q1}},
+		// The closed-book document (no text) is the question alone, and
+		// adds nothing to a context-aggregation prompt.
+		{"output, closed book", withClosedBook, OutputAggregation, []string{
+			"Passage:\n" + passages[0].Text + "\n\nQuestion: " + q1,
+			"Passage:\n" + passages[1].Text + "\n\nQuestion: " + q1,
+			"Question: " + q1,
+		}},
+		{"context, closed book", withClosedBook, ContextAggregation, []string{
+			"Passage 1:\n" + passages[0].Text + "\n\nPassage 2:\n" + passages[1].Text + "\n\nQuestion: " + q1,
+		}},
 	}
 	ctx := context.Background()
 	for _, m := range models {
-		d, err := New(m.model, Options{MaxPassages: 2, CtxPerSeq: 512})
+		d, err := New(m.model, Options{MaxPassages: 3, CtxPerSeq: 512})
 		require.NoError(t, err)
 		defer d.Close()
 		for _, l := range layouts {

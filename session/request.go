@@ -80,6 +80,32 @@ func (r IndexRetriever) Retrieve(ctx context.Context, query string, k int) ([]de
 	return out, nil
 }
 
+// ClosedBookSource names the closed-book passage among a side's sources.
+const ClosedBookSource = "(closed book)"
+
+// ClosedBook adds to Inner's passages the closed-book document (a passage
+// without text: the question alone) at relevance Score, whenever a request
+// asks this side for passages. Its sequence carries the model's own
+// knowledge into the mixture, so a side whose passages are less relevant
+// than Score leans on what its model knows rather than on them. Score is on
+// the scale of Inner's scores (a cross-encoder's logit with re-ranking).
+type ClosedBook struct {
+	Inner Retriever
+	Score float64
+}
+
+// Retrieve implements Retriever.
+func (c ClosedBook) Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error) {
+	if k <= 0 {
+		return nil, nil
+	}
+	ps, err := c.Inner.Retrieve(ctx, query, k)
+	if err != nil {
+		return nil, err
+	}
+	return append(ps, decoder.Passage{Score: c.Score, Source: ClosedBookSource}), nil
+}
+
 // Limits bound what a request may ask for.
 type Limits struct {
 	MaxTokens   int // most tokens per answer

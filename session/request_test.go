@@ -1,7 +1,10 @@
 package session
 
 import (
+	"context"
+	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
@@ -156,4 +160,42 @@ func TestHistoryRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fixedRetriever returns its passages, at most k of them.
+type fixedRetriever []decoder.Passage
+
+func (f fixedRetriever) Retrieve(_ context.Context, _ string, k int) ([]decoder.Passage, error) {
+	return slices.Clone(f[:min(k, len(f))]), nil
+}
+
+type failingRetriever struct{}
+
+func (failingRetriever) Retrieve(context.Context, string, int) ([]decoder.Passage, error) {
+	return nil, errors.New("index down")
+}
+
+func TestClosedBookJoinsEveryRetrieval(t *testing.T) {
+	corpus := fixedRetriever{{Text: "a", Score: 3}, {Text: "b", Score: -2}}
+	closed := decoder.Passage{Score: 0.5, Source: ClosedBookSource}
+	cases := []struct {
+		name  string
+		inner Retriever
+		k     int
+		want  []decoder.Passage
+	}{
+		{"after the passages", corpus, 2, []decoder.Passage{corpus[0], corpus[1], closed}},
+		{"k bounds the passages, not the closed book", corpus, 1, []decoder.Passage{corpus[0], closed}},
+		{"an empty corpus still has the model", fixedRetriever{}, 2, []decoder.Passage{closed}},
+		{"no retrieval asked: nothing", corpus, 0, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := ClosedBook{Inner: c.inner, Score: 0.5}.Retrieve(context.Background(), "q", c.k)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+	_, err := ClosedBook{Inner: failingRetriever{}, Score: 0.5}.Retrieve(context.Background(), "q", 2)
+	assert.ErrorContains(t, err, "index down", "a failed retrieval is not papered over by the closed book")
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -170,6 +171,11 @@ type Options struct {
 	// sides by the sides' confidence too (GenerateRequest's
 	// confidence_temperature).
 	Confidence float64
+	// ClosedBook, when not empty, is the relevance both daemons give the
+	// closed-book document they add to every retrieval (their
+	// --closed-book): the modes that retrieve then mix in what each side's
+	// model answers with no passage.
+	ClosedBook string
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -211,6 +217,7 @@ type config struct {
 	Candidates  int     `json:"rerank_candidates,omitempty"`
 	Every       int     `json:"rescore_every,omitempty"`
 	Confidence  float64 `json:"confidence_temperature,omitempty"`
+	ClosedBook  string  `json:"closed_book,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -237,6 +244,8 @@ type Result struct {
 	RescoreEvery     int `json:"rescore_every,omitempty"`
 	// Confidence is the confidence temperature (0: off).
 	Confidence float64 `json:"confidence_temperature,omitempty"`
+	// ClosedBook is the closed-book document's relevance ("": none).
+	ClosedBook string `json:"closed_book,omitempty"`
 }
 
 func key(source string, line int, mode string) string {
@@ -292,6 +301,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if !aggregator.ValidConfidence(o.Confidence) {
 		return Result{}, fmt.Errorf("qabench: confidence temperature %v: want 0 (off) or a positive number", o.Confidence)
 	}
+	if o.ClosedBook != "" {
+		if v, err := strconv.ParseFloat(o.ClosedBook, 64); err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			return Result{}, fmt.Errorf("qabench: closed-book relevance %q: want a finite number", o.ClosedBook)
+		}
+	}
 	switch o.Weights {
 	case "", "static":
 		o.Weights, o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", "", 0, 0
@@ -308,7 +322,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("qabench: weights %q: want static, rerank or dynamic", o.Weights)
 	}
 	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
-		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence}
+		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -353,6 +367,9 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	if o.Weights != "" {
 		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates),
 			"--rescore-every", strconv.Itoa(o.RescoreEvery)}
+	}
+	if o.ClosedBook != "" {
+		rerank = append(rerank, "--closed-book", o.ClosedBook)
 	}
 	cloud, err := aggbench.StartDaemon("cloud", "0", nil, slices.Concat([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, rerank, common)...)
 	if err != nil {
@@ -442,7 +459,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -54,8 +56,12 @@ type sideFlags struct {
 	rerankModel                      string
 	rerankCandidates, rescoreEvery   int
 	threads, passages, maxPassages   int
-	ctxPerSeq, maxTokens, limitToks  int
-	maxPrompt                        int
+	// closedBook, when not empty, is the relevance of the closed-book
+	// document each retrieval adds (session.ClosedBook).
+	closedBook                      string
+	closedBookScore                 float64
+	ctxPerSeq, maxTokens, limitToks int
+	maxPrompt                       int
 	// hedges reserves hedge branches (decoder.Options.Hedges); hedgeBelow
 	// replaces the measured rule (session.Options.HedgeBelow).
 	hedges        int
@@ -87,6 +93,7 @@ func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile st
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
 	fs.IntVar(&f.maxPassages, "max-passages", 8, "most passages a request may ask for")
+	fs.StringVar(&f.closedBook, "closed-book", "", "add to every retrieval the closed-book document (the question alone: the model's own knowledge) at this relevance R, on the ranker's scale (with --rerank-model a cross-encoder logit, where 0 is even odds of relevance); it takes one more KV sequence (empty: off)")
 	fs.IntVar(&f.ctxPerSeq, "ctx", 1024, "KV positions per passage sequence")
 	fs.IntVar(&f.maxTokens, "max-tokens", 128, "tokens per answer when a request does not say")
 	fs.IntVar(&f.limitToks, "max-tokens-limit", 512, "most tokens a request may ask for")
@@ -115,6 +122,10 @@ func (f *sideFlags) validate() error {
 		return errors.New("--rerank-model needs an --index to re-rank")
 	case f.rescoreEvery < 0 || (f.rescoreEvery > 0 && f.rerankModel == ""):
 		return fmt.Errorf("--rescore-every %d: need 0, or more with a --rerank-model to score with", f.rescoreEvery)
+	case f.closedBook != "" && f.index == "":
+		return errors.New("--closed-book needs an --index: without passages the model answers closed-book anyway")
+	case f.closedBook != "" && f.rescoreEvery > 0:
+		return errors.New("--closed-book and --rescore-every: the cross-encoder cannot re-score a document without text")
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
 	case f.hedges < 0 || f.hedges > session.MaxHedges:
@@ -122,7 +133,23 @@ func (f *sideFlags) validate() error {
 	case f.hedgeBelow < 0 || f.hedgeBelow > 1:
 		return fmt.Errorf("--hedge-below %v: need a probability (0: the measured rule)", f.hedgeBelow)
 	}
+	if f.closedBook != "" {
+		v, err := strconv.ParseFloat(f.closedBook, 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("--closed-book %q: want a finite relevance score", f.closedBook)
+		}
+		f.closedBookScore = v
+	}
 	return f.kvCache.validate()
+}
+
+// closedBookSeqs is the KV sequences the closed-book document adds to a
+// generation's passages.
+func (f *sideFlags) closedBookSeqs() int {
+	if f.closedBook == "" {
+		return 0
+	}
+	return 1
 }
 
 // side is what a daemon loaded.
@@ -186,8 +213,12 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 			log.Info("re-ranking", "model", rr.Name(), "candidates", f.rerankCandidates)
 		}
 		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
+		if f.closedBook != "" {
+			s.retriever = session.ClosedBook{Inner: s.retriever, Score: f.closedBookScore}
+			log.Info("closed-book document in every retrieval", "relevance", f.closedBookScore)
+		}
 	}
-	s.decoder = decoder.Options{MaxPassages: f.maxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads, Hedges: f.hedges}
+	s.decoder = decoder.Options{MaxPassages: f.maxPassages + f.closedBookSeqs(), CtxPerSeq: f.ctxPerSeq, Threads: f.threads, Hedges: f.hedges}
 	s.hedgeBelow = f.hedgeBelow
 	if f.rescoreEvery > 0 {
 		s.decoder.RescoreEvery, s.decoder.Rescore = f.rescoreEvery, rescoreWith(reranker)
@@ -223,17 +254,17 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 // --memory-mb holds, or fails when it cannot hold one sequence.
 func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 	// Each hedge branch takes a sequence per passage.
-	per := 1 + f.hedges
-	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, f.maxPassages*per, int64(f.kvCache.memoryMB)<<20)
+	per, extra := 1+f.hedges, f.closedBookSeqs()
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20)
 	if err != nil {
 		return err
 	}
-	if p.Sequences < f.maxPassages*per {
-		if p.Sequences < per {
-			return fmt.Errorf("--memory-mb %d holds %d sequences: too few for one passage and %d hedge branches (lower --hedges)", f.memoryMB, p.Sequences, f.hedges)
+	if p.Sequences < (f.maxPassages+extra)*per {
+		if p.Sequences < (1+extra)*per {
+			return fmt.Errorf("--memory-mb %d holds %d sequences: too few for one passage, %d closed-book and %d hedge branches (lower --hedges)", f.memoryMB, p.Sequences, extra, f.hedges)
 		}
-		log.Info("--memory-mb lowers --max-passages", "max_passages", p.Sequences/per, "asked", f.maxPassages, "hedges", f.hedges)
-		f.maxPassages = p.Sequences / per
+		log.Info("--memory-mb lowers --max-passages", "max_passages", p.Sequences/per-extra, "asked", f.maxPassages, "hedges", f.hedges)
+		f.maxPassages = p.Sequences/per - extra
 		f.passages = min(f.passages, f.maxPassages)
 	}
 	log.Info("memory budget", "memory_mb", f.memoryMB, "weights_mb", mib(p.Weights), "compute_mb", mib(p.Compute),

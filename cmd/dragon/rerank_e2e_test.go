@@ -16,11 +16,16 @@ import (
 
 // TestRerankedPairGreedyDragonEqualsTokenWise: with both sides re-ranking
 // their candidates by the cross-encoder (R its logit on both), and with
-// dynamic weights rescored every 4 tokens, greedy DRAGON, the aggregator
-// moving every 3 steps over a 15 ms link, emits what greedy token-wise
-// synchronisation does.
+// dynamic weights rescored every 4 tokens, or with the closed-book
+// document beside the passages, greedy DRAGON, the aggregator moving every
+// 3 steps over a 15 ms link, emits what greedy token-wise synchronisation
+// does.
 func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
-	for name, extra := range map[string][]string{"rerank": nil, "dynamic": {"--rescore-every", "4"}} {
+	for name, extra := range map[string][]string{
+		"rerank":      nil,
+		"dynamic":     {"--rescore-every", "4"},
+		"closed book": {"--closed-book", "0"},
+	} {
 		t.Run(name, func(t *testing.T) {
 			rr := append([]string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}, extra...)
 			client, dev, cld := pairWith(t, 15*time.Millisecond, rr, rr, nil)
@@ -31,20 +36,28 @@ func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
 			}
 			for _, d := range []string{dev.Logs(), cld.Logs()} {
 				assert.Contains(t, d, "re-ranking")
+				if name == "closed book" {
+					assert.Contains(t, d, "closed-book document in every retrieval")
+				}
 			}
 		})
 	}
 }
 
 // TestRerankModelThatDoesNotRankIsRefused: a daemon given an embedding
-// model as its cross-encoder does not start, and says why.
+// model as its cross-encoder, or re-ranking or closed-book flags that cannot
+// work, does not start, and says why.
 func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
 	for name, args := range map[string][]string{
 		"not a ranker": {"--rerank-model", testmodel.EmbedPath(t), "--index", testmodel.IndexDir(t, "cloud")},
 		"no index":     {"--rerank-model", testmodel.RerankPath(t), "--index", ""},
 		"no candidates": {"--rerank-model", testmodel.RerankPath(t), "--index", testmodel.IndexDir(t, "cloud"),
 			"--rerank-candidates", "0"},
-		"rescore without a model": {"--rescore-every", "8", "--index", testmodel.IndexDir(t, "cloud")},
+		"rescore without a model":      {"--rescore-every", "8", "--index", testmodel.IndexDir(t, "cloud")},
+		"closed book not a number":     {"--closed-book", "even", "--index", testmodel.IndexDir(t, "cloud")},
+		"closed book without an index": {"--closed-book", "0", "--index", ""},
+		"closed book rescored": {"--closed-book", "0", "--rerank-model", testmodel.RerankPath(t), "--rescore-every", "8",
+			"--index", testmodel.IndexDir(t, "cloud")},
 	} {
 		t.Run(name, func(t *testing.T) {
 			argv := append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "", "--model", testmodel.Path(t), "--threads", "1", "--profile", ""}, args...)
@@ -54,7 +67,9 @@ func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
 			require.Error(t, err, "%s", out)
 			assert.Contains(t, string(out), map[string]string{
 				"not a ranker": "not a ranking model", "no index": "needs an --index", "no candidates": "--rerank-candidates 0",
-				"rescore without a model": "--rescore-every 8",
+				"rescore without a model":  "--rescore-every 8",
+				"closed book not a number": `--closed-book "even"`, "closed book without an index": "--closed-book needs an --index",
+				"closed book rescored": "cannot re-score a document without text",
 			}[name])
 		})
 	}
