@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/dragon-rag/dragon/aggregator"
@@ -92,6 +93,16 @@ const ClosedBookSource = "(closed book)"
 type ClosedBook struct {
 	Inner Retriever
 	Score float64
+}
+
+// ParseClosedBook reads a closed-book relevance as flags give it: a finite
+// number.
+func ParseClosedBook(s string) (float64, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("closed-book relevance %q: want a finite number", s)
+	}
+	return v, nil
 }
 
 // Retrieve implements Retriever.

@@ -199,3 +199,22 @@ func TestClosedBookJoinsEveryRetrieval(t *testing.T) {
 	_, err := ClosedBook{Inner: failingRetriever{}, Score: 0.5}.Retrieve(context.Background(), "q", 2)
 	assert.ErrorContains(t, err, "index down", "a failed retrieval is not papered over by the closed book")
 }
+
+func TestParseClosedBook(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want float64
+		ok   bool
+	}{
+		{"0", 0, true}, {"-2.5", -2.5, true}, {"1e1", 10, true},
+		{"", 0, false}, {"even", 0, false}, {"NaN", 0, false}, {"Inf", 0, false}, {"-inf", 0, false},
+	} {
+		got, err := ParseClosedBook(c.in)
+		if !c.ok {
+			assert.ErrorContains(t, err, "want a finite number", "%q", c.in)
+			continue
+		}
+		require.NoError(t, err, "%q", c.in)
+		assert.Equal(t, c.want, got, "%q", c.in)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
-	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"github.com/dragon-rag/dragon/bench/retrievalbench"
 	"github.com/dragon-rag/dragon/internal/timing"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
 )
 
 // Modes are the ways of answering, weakest first: the device's model
@@ -302,8 +302,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("qabench: confidence temperature %v: want 0 (off) or a positive number", o.Confidence)
 	}
 	if o.ClosedBook != "" {
-		if v, err := strconv.ParseFloat(o.ClosedBook, 64); err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-			return Result{}, fmt.Errorf("qabench: closed-book relevance %q: want a finite number", o.ClosedBook)
+		if _, err := session.ParseClosedBook(o.ClosedBook); err != nil {
+			return Result{}, fmt.Errorf("qabench: %w", err)
 		}
 	}
 	switch o.Weights {

@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -134,9 +132,9 @@ func (f *sideFlags) validate() error {
 		return fmt.Errorf("--hedge-below %v: need a probability (0: the measured rule)", f.hedgeBelow)
 	}
 	if f.closedBook != "" {
-		v, err := strconv.ParseFloat(f.closedBook, 64)
-		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("--closed-book %q: want a finite relevance score", f.closedBook)
+		v, err := session.ParseClosedBook(f.closedBook)
+		if err != nil {
+			return fmt.Errorf("--closed-book %q: %w", f.closedBook, err)
 		}
 		f.closedBookScore = v
 	}
