@@ -176,6 +176,10 @@ type Options struct {
 	// --closed-book): the modes that retrieve then mix in what each side's
 	// model answers with no passage.
 	ClosedBook string
+	// ClosedBookSides is which daemons add it: "" or "both", "cloud" or
+	// "device" (a side whose model knows little may leave its closed book
+	// to the other's).
+	ClosedBookSides string
 	// Records is the JSON-lines file of per-question records; an existing
 	// one of the same configuration is resumed.
 	Records string
@@ -218,6 +222,7 @@ type config struct {
 	Every       int     `json:"rescore_every,omitempty"`
 	Confidence  float64 `json:"confidence_temperature,omitempty"`
 	ClosedBook  string  `json:"closed_book,omitempty"`
+	Sides       string  `json:"closed_book_sides,omitempty"`
 }
 
 // Result is the benchmark's JSON: per mode, the mean scores and the median
@@ -244,8 +249,10 @@ type Result struct {
 	RescoreEvery     int `json:"rescore_every,omitempty"`
 	// Confidence is the confidence temperature (0: off).
 	Confidence float64 `json:"confidence_temperature,omitempty"`
-	// ClosedBook is the closed-book document's relevance ("": none).
-	ClosedBook string `json:"closed_book,omitempty"`
+	// ClosedBook is the closed-book document's relevance ("": none), and
+	// ClosedBookSides the daemons that add it ("": both).
+	ClosedBook      string `json:"closed_book,omitempty"`
+	ClosedBookSides string `json:"closed_book_sides,omitempty"`
 }
 
 func key(source string, line int, mode string) string {
@@ -306,6 +313,16 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			return Result{}, fmt.Errorf("qabench: %w", err)
 		}
 	}
+	switch o.ClosedBookSides {
+	case "both":
+		o.ClosedBookSides = ""
+	case "", "cloud", "device":
+	default:
+		return Result{}, fmt.Errorf("qabench: closed-book sides %q: want both, cloud or device", o.ClosedBookSides)
+	}
+	if o.ClosedBook == "" {
+		o.ClosedBookSides = ""
+	}
 	switch o.Weights {
 	case "", "static":
 		o.Weights, o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", "", 0, 0
@@ -322,7 +339,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return Result{}, fmt.Errorf("qabench: weights %q: want static, rerank or dynamic", o.Weights)
 	}
 	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
-		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook}
+		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, Sides: o.ClosedBookSides}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -368,10 +385,13 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates),
 			"--rescore-every", strconv.Itoa(o.RescoreEvery)}
 	}
-	if o.ClosedBook != "" {
-		rerank = append(rerank, "--closed-book", o.ClosedBook)
+	closed := map[string][]string{}
+	for _, side := range []string{"cloud", "device"} {
+		if o.ClosedBook != "" && (o.ClosedBookSides == "" || o.ClosedBookSides == side) {
+			closed[side] = []string{"--closed-book", o.ClosedBook}
+		}
 	}
-	cloud, err := aggbench.StartDaemon("cloud", "0", nil, slices.Concat([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, rerank, common)...)
+	cloud, err := aggbench.StartDaemon("cloud", "0", nil, slices.Concat([]string{o.Binary, "cloud", "--model", o.CloudModel, "--index", o.CloudIndex, "--profile", o.CloudProfile}, rerank, closed["cloud"], common)...)
 	if err != nil {
 		return fmt.Errorf("qabench: cloud: %w", err)
 	}
@@ -380,7 +400,7 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 		"--cloud", cloud.Addr, "--cloud-passages", k,
 		// A 1.5B cloud prefills its passages slowly on a small CPU: the
 		// device waits for it rather than answering alone.
-		"--cloud-timeout", "5m"}, rerank, common)...)
+		"--cloud-timeout", "5m"}, rerank, closed["device"], common)...)
 	if err != nil {
 		return fmt.Errorf("qabench: device: %w", err)
 	}
@@ -459,7 +479,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, ClosedBookSides: o.ClosedBookSides}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64

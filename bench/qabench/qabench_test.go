@@ -116,6 +116,11 @@ func TestRunRefusesUnknownWeights(t *testing.T) {
 	}
 }
 
+func TestRunRefusesUnknownClosedBookSides(t *testing.T) {
+	_, err := Run(t.Context(), Options{Modes: []string{"dragon"}, ClosedBook: "0", ClosedBookSides: "edge"})
+	assert.ErrorContains(t, err, `closed-book sides "edge"`)
+}
+
 func TestCheckModes(t *testing.T) {
 	require.NoError(t, CheckModes(Modes))
 	assert.ErrorContains(t, CheckModes([]string{"dragon", "centralised"}), `unknown mode "centralised"`)
