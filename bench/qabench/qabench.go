@@ -320,8 +320,8 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	default:
 		return Result{}, fmt.Errorf("qabench: closed-book sides %q: want both, cloud or device", o.ClosedBookSides)
 	}
-	if o.ClosedBook == "" {
-		o.ClosedBookSides = ""
+	if o.ClosedBook == "" && o.ClosedBookSides != "" {
+		return Result{}, fmt.Errorf("qabench: closed-book sides %s without a closed-book relevance", o.ClosedBookSides)
 	}
 	switch o.Weights {
 	case "", "static":

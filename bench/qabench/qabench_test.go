@@ -116,9 +116,16 @@ func TestRunRefusesUnknownWeights(t *testing.T) {
 	}
 }
 
-func TestRunRefusesUnknownClosedBookSides(t *testing.T) {
-	_, err := Run(t.Context(), Options{Modes: []string{"dragon"}, ClosedBook: "0", ClosedBookSides: "edge"})
-	assert.ErrorContains(t, err, `closed-book sides "edge"`)
+func TestRunRefusesBadClosedBookSides(t *testing.T) {
+	for _, c := range []struct {
+		closedBook, sides, want string
+	}{
+		{"0", "edge", `closed-book sides "edge"`},
+		{"", "cloud", "closed-book sides cloud without a closed-book relevance"},
+	} {
+		_, err := Run(t.Context(), Options{Modes: []string{"dragon"}, ClosedBook: c.closedBook, ClosedBookSides: c.sides})
+		assert.ErrorContains(t, err, c.want)
+	}
 }
 
 func TestCheckModes(t *testing.T) {
