@@ -145,7 +145,7 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 	f.StringVar(&o.Retrieval, "retrieval", "", "both daemons' ranker: auto (hybrid over these indexes), bm25, dense or hybrid; its scores are the passages' relevance R(d), so they weigh the two sides against each other")
 	f.StringVar(&o.Weights, "weights", "static", "how passages are weighed: static (the first stage's scores), rerank (--rerank-model re-ranks --rerank-candidates passages on each side; R is its logit) or dynamic (re-ranked, then re-scored against the answer every --rescore-every tokens)")
 	f.Float64Var(&o.Confidence, "confidence", 0, "confidence weights: each step's side weights also fall with the entropy of each side's distribution, e^{-H/τ} with τ this temperature in nats (0: DRAGON's weights)")
-	f.StringVar(&o.ClosedBook, "closed-book", "", "both daemons add the closed-book document (the question alone) to every retrieval at this relevance, on the ranker's scale (daemon flag --closed-book; empty: off)")
+	f.StringVar(&o.ClosedBook, "closed-book", "", "the daemons of --closed-book-sides add the closed-book document (the question alone) to every retrieval at this relevance, on the ranker's scale (daemon flag --closed-book; empty: off)")
 	f.StringVar(&o.ClosedBookSides, "closed-book-sides", "both", "the daemons that add the closed-book document: both, cloud or device")
 	f.IntVar(&o.RescoreEvery, "rescore-every", 16, "answer tokens between re-scorings for --weights dynamic")
 	f.StringVar(&o.RerankModel, "rerank-model", "models/ms-marco-MiniLM-L-12-v2.F32.gguf", "cross-encoder GGUF for --weights rerank (make rerank-model)")
