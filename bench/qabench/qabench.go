@@ -259,6 +259,28 @@ func key(source string, line int, mode string) string {
 	return source + ":" + strconv.Itoa(line) + ":" + mode
 }
 
+// CheckClosedBook checks a closed-book relevance (empty: none) and the
+// sides that add it, and returns the sides as Options keeps them: "" for
+// both, "cloud" or "device".
+func CheckClosedBook(relevance, sides string) (string, error) {
+	if relevance != "" {
+		if _, err := session.ParseClosedBook(relevance); err != nil {
+			return "", fmt.Errorf("qabench: %w", err)
+		}
+	}
+	switch sides {
+	case "both":
+		sides = ""
+	case "", "cloud", "device":
+	default:
+		return "", fmt.Errorf("qabench: closed-book sides %q: want both, cloud or device", sides)
+	}
+	if relevance == "" && sides != "" {
+		return "", fmt.Errorf("qabench: closed-book sides %s without a closed-book relevance", sides)
+	}
+	return sides, nil
+}
+
 // readRecords loads a records file of the configuration want (none: a
 // missing file).
 func readRecords(path string, want config) (map[string]Record, error) {
@@ -308,20 +330,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if !aggregator.ValidConfidence(o.Confidence) {
 		return Result{}, fmt.Errorf("qabench: confidence temperature %v: want 0 (off) or a positive number", o.Confidence)
 	}
-	if o.ClosedBook != "" {
-		if _, err := session.ParseClosedBook(o.ClosedBook); err != nil {
-			return Result{}, fmt.Errorf("qabench: %w", err)
-		}
-	}
-	switch o.ClosedBookSides {
-	case "both":
-		o.ClosedBookSides = ""
-	case "", "cloud", "device":
-	default:
-		return Result{}, fmt.Errorf("qabench: closed-book sides %q: want both, cloud or device", o.ClosedBookSides)
-	}
-	if o.ClosedBook == "" && o.ClosedBookSides != "" {
-		return Result{}, fmt.Errorf("qabench: closed-book sides %s without a closed-book relevance", o.ClosedBookSides)
+	var err error
+	if o.ClosedBookSides, err = CheckClosedBook(o.ClosedBook, o.ClosedBookSides); err != nil {
+		return Result{}, err
 	}
 	switch o.Weights {
 	case "", "static":

@@ -126,6 +126,11 @@ func TestRunRefusesBadClosedBookSides(t *testing.T) {
 		_, err := Run(t.Context(), Options{Modes: []string{"dragon"}, ClosedBook: c.closedBook, ClosedBookSides: c.sides})
 		assert.ErrorContains(t, err, c.want)
 	}
+	for in, want := range map[string]string{"both": "", "": "", "cloud": "cloud", "device": "device"} {
+		got, err := CheckClosedBook("0", in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
 }
 
 func TestCheckModes(t *testing.T) {

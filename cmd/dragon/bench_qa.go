@@ -60,6 +60,11 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 			if err := qabench.CheckModes(o.Modes); err != nil {
 				return err
 			}
+			// Before any file is named or written after them.
+			var err error
+			if o.ClosedBookSides, err = qabench.CheckClosedBook(o.ClosedBook, o.ClosedBookSides); err != nil {
+				return err
+			}
 			if n < 1 || o.K < 1 || o.MaxTokens < 1 {
 				return fmt.Errorf("--n, --k and --max-tokens must be at least 1")
 			}
@@ -98,9 +103,7 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 				}
 				if o.ClosedBook != "" {
 					ranker += "-closed" + o.ClosedBook
-					if o.ClosedBookSides == "cloud" || o.ClosedBookSides == "device" {
-						ranker += o.ClosedBookSides
-					}
+					ranker += o.ClosedBookSides // "" for both
 				}
 				o.Records = filepath.Join(work, fmt.Sprintf("records-%s-%s-k%d-t%d-s%d%s.jsonl",
 					modelStem(o.DeviceModel), modelStem(o.CloudModel), o.K, o.MaxTokens, o.Seed, ranker))
