@@ -176,7 +176,7 @@ func newWorld(t testing.TB, cfg worldConfig) *world {
 			if step < uint64(len(w.truth)) {
 				// The other Node decided this step first (shared drafts: the
 				// side that does not aggregate decides what it can).
-				require.Equal(w.t, w.truth[step], t, "both Nodes decide step %d alike", step)
+				w.must(t == w.truth[step], "both Nodes decide step %d alike: %d and %d", step, w.truth[step], t)
 				w.redecided++
 				return t
 			}
@@ -197,14 +197,32 @@ func newWorld(t testing.TB, cfg worldConfig) *world {
 // on the decided prefix: a stale draft is never verified.
 func (w *world) checkPrefixes(p pair, step uint64) {
 	w.verified++
-	require.LessOrEqual(w.t, step, uint64(len(w.truth)), "steps are decided in order")
+	w.must(step <= uint64(len(w.truth)), "steps are decided in order: step %d after %d", step, len(w.truth))
 	for _, d := range p.draft {
 		got, ok := w.prefixes[keyOf(d)]
-		require.True(w.t, ok)
-		require.Equal(w.t, step, d.step)
+		w.must(ok, "%v was verified but never drafted", d)
+		w.must(d.step == step, "%v verified as step %d", d, step)
 		if got != w.truthHash[step] {
 			w.t.Fatalf("%v was verified on the wrong prefix", d)
 		}
+	}
+}
+
+// must fails the test unless cond holds. The world checks its invariants
+// on every turn, so it walks the stack (t.Helper) only on a failure:
+// testify's checks do it on every call, which took a third of the time.
+func (w *world) must(cond bool, format string, args ...any) {
+	if !cond {
+		w.t.Helper()
+		w.t.Fatalf(format, args...)
+	}
+}
+
+// noError is must for an error.
+func (w *world) noError(err error) {
+	if err != nil {
+		w.t.Helper()
+		w.t.Fatalf("%v", err)
 	}
 }
 
@@ -215,7 +233,7 @@ func (w *world) done() bool {
 // run turns the world until both sides decided cfg.steps steps.
 func (w *world) run() {
 	for turns := 0; !w.done(); turns++ {
-		require.Less(w.t, turns, int(w.cfg.steps)*200, "no progress")
+		w.must(turns < int(w.cfg.steps)*200, "no progress after %d turns", turns)
 		var moves []func()
 		for i := range w.sides {
 			if p := w.sides[i]; p.pending == nil && w.canDraft(i) {
@@ -235,7 +253,7 @@ func (w *world) run() {
 				}
 			}
 		}
-		require.NotEmpty(w.t, moves, "deadlock")
+		w.must(len(moves) > 0, "deadlock")
 		moves[w.r.IntN(len(moves))]()
 	}
 }
@@ -270,11 +288,11 @@ func (w *world) draft(i int) {
 		} else {
 			d, err = p.prop.Propose(probs, step, p.epoch, w.massAt(i, step, p.toks))
 		}
-		require.NoError(w.t, err)
+		w.noError(err)
 		w.prefixes[keyOf(&d)] = p.hash
 		if alt, ok := d.RunnerUp(); ok && !w.nodes[i].Aggregating() && len(p.branches) < w.cfg.hedges && w.r.Float64() < w.cfg.hedgeProb {
 			d, err = d.WithHedge(alt)
-			require.NoError(w.t, err)
+			w.noError(err)
 			b := &branch{chain: p.chain.clone(), fork: step, epoch: p.epoch}
 			b.extend(alt)
 			p.branches = append(p.branches, b)
@@ -290,7 +308,7 @@ func (w *world) draft(i int) {
 				break
 			}
 			d, err := p.prop.ProposeBranch(w.cfg.dist[i].next(b.n, b.last), step, b.epoch, w.massAt(i, step, b.toks), b.fork)
-			require.NoError(w.t, err)
+			w.noError(err)
 			w.prefixes[keyOf(&d)] = b.hash
 			b.extend(d.Token())
 			p.pending = append(p.pending, d)
@@ -321,7 +339,7 @@ func (w *world) peerDraft(i int) *Draft {
 		}
 	}
 	d := chain[p.n-from]
-	require.Equal(w.t, w.prefixes[keyOf(&d)], p.hash, "%v is on another prefix than %v's step %d", &d, p.side, p.n)
+	w.must(w.prefixes[keyOf(&d)] == p.hash, "%v is on another prefix than %v's step %d", &d, p.side, p.n)
 	return &d
 }
 
@@ -341,7 +359,7 @@ func (w *world) deliver(i int) {
 // apply steps side i's Node and carries out its actions.
 func (w *world) apply(i int, ev Event) {
 	acts, err := w.nodes[i].Step(ev)
-	require.NoError(w.t, err)
+	w.noError(err)
 	peer := 1 - i
 	for _, a := range acts {
 		switch a := a.(type) {
@@ -353,12 +371,12 @@ func (w *world) apply(i int, ev Event) {
 			w.switches++
 			w.links[peer] = append(w.links[peer], RemoteHandover(a))
 		case Decided:
-			require.Equal(w.t, uint64(len(w.decided[i])), a.Verdict.Step, "steps decided in order")
+			w.must(a.Verdict.Step == uint64(len(w.decided[i])), "steps decided in order: step %d after %d", a.Verdict.Step, len(w.decided[i]))
 			w.decided[i] = append(w.decided[i], a.Verdict.Target)
 			w.decidedHash[i] = extendHash(w.decidedHash[i], a.Verdict.Target)
 		case Rollback:
 			p := w.sides[i]
-			require.Equal(w.t, uint64(len(w.decided[i])-1), a.Step)
+			w.must(a.Step == uint64(len(w.decided[i])-1), "rollback to step %d, the last decided is %d", a.Step, len(w.decided[i])-1)
 			p.epoch = a.Epoch
 			if a.Hedged {
 				// The branch becomes the chain; its drafts in the pass in
@@ -373,7 +391,7 @@ func (w *world) apply(i int, ev Event) {
 			}
 			p.branches = nil
 			p.n, p.last, p.hash = len(w.decided[i]), a.Target, w.decidedHash[i]
-			p.toks = slices.Clone(w.decided[i])
+			p.toks = append(p.toks[:0], w.decided[i]...)
 			if p.pending != nil && w.r.Float64() >= w.cfg.staleProb {
 				p.pending = nil // the pass in flight was aborted
 			}
