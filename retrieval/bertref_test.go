@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"golang.org/x/text/unicode/norm"
+	gonumblas "gonum.org/v1/gonum/blas/gonum"
 )
 
 // refBERT is an independent reference for the embedding model: a plain
@@ -229,19 +230,22 @@ func (r *refBERT) embed(ids []int) []float32 {
 	return out
 }
 
-// linear is x·Wᵀ + b with W of shape [out, in], as PyTorch stores it.
+// linear is x·Wᵀ + b with W of shape [out, in], as PyTorch stores it: the
+// inputs rounded to float32 as the weights are, each product summed in
+// float64 (gonum's Dsdot, whose assembly the race detector does not slow
+// down: a Go loop took half a minute under it).
 func (r *refBERT) linear(x [][]float64, name string) [][]float64 {
 	w, b, sh := r.t[name+".weight"], r.t[name+".bias"], r.shape[name+".weight"]
+	impl := gonumblas.Implementation{}
+	row32 := make([]float32, sh[1])
 	out := make([][]float64, len(x))
 	for i, row := range x {
+		for c, xv := range row {
+			row32[c] = float32(xv)
+		}
 		out[i] = make([]float64, sh[0])
 		for o := range sh[0] {
-			s := float64(b[o])
-			wr := w[o*sh[1] : (o+1)*sh[1]]
-			for c, xv := range row {
-				s += xv * float64(wr[c])
-			}
-			out[i][o] = s
+			out[i][o] = float64(b[o]) + impl.Dsdot(sh[1], row32, 1, w[o*sh[1]:(o+1)*sh[1]], 1)
 		}
 	}
 	return out
