@@ -186,7 +186,10 @@ done
 src=$(mktemp -d)
 trap 'rm -rf "$src"' EXIT
 echo "fetching $pkg==$ver (source package) from PyPI..." >&2
-python3 -m pip download --quiet --no-deps --no-binary :all: --disable-pip-version-check -d "$src" "$pkg==$ver"
+# Only this package as source: with --no-binary :all: pip built the
+# source package's build dependencies from source too, to read its
+# metadata (5 minutes on 2 cores, against seconds from their wheels).
+python3 -m pip download --quiet --no-deps --no-binary "$pkg" --disable-pip-version-check -d "$src" "$pkg==$ver"
 tarball="$src/llama_cpp_python-$ver.tar.gz"
 if ! echo "$sha  $tarball" | sha256sum -c --status; then
   echo "error: $pkg $ver from PyPI does not match SHA-256 $sha" >&2
