@@ -280,8 +280,9 @@ func TestSpeculativeAggregationIsExactWithConfidenceWeights(t *testing.T) {
 				d[i], err = proposers[i].Propose(dist[i].next(len(prefix), last), 0, 0, mass[i])
 				require.NoError(t, err)
 			}
-			byRow[last] = newPair(&d[0], &d[1], confidence).eta[0]
-			return byRow[last]
+			eta := newPair(&d[0], &d[1], confidence).eta[0]
+			byRow[last] = eta
+			return eta
 		}
 	}
 	for i, c := range exactCases {

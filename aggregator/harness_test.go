@@ -202,9 +202,7 @@ func (w *world) checkPrefixes(p pair, step uint64) {
 		got, ok := w.prefixes[keyOf(d)]
 		w.must(ok, "%v was verified but never drafted", d)
 		w.must(d.step == step, "%v verified as step %d", d, step)
-		if got != w.truthHash[step] {
-			w.t.Fatalf("%v was verified on the wrong prefix", d)
-		}
+		w.must(got == w.truthHash[step], "%v was verified on the wrong prefix", d)
 	}
 }
 
