@@ -143,7 +143,8 @@ vet: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # The whole suite, real model, corpora and their (BM25) indexes included,
-# race detector on, then a short fuzz run of the distribution decoder.
+# race detector on, then short fuzz runs of the distribution decoder and of
+# the aggregator against a peer that sends anything.
 # Each new interesting input is minimized for at most 2 s: at Go's default
 # of 60 s, minimizing the first few (payloads of kilobytes) took all but
 # 3 s of the 20, about 4,000 executions against some 270,000.
@@ -152,6 +153,7 @@ vet: deps
 test: deps model qwen embed-model rerank-model weaviate corpus index vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 20s -fuzzminimizetime 2s ./codec/
+	$(GO) test -run '^$$' -fuzz '^FuzzNodeAgainstAPeer$$' -fuzztime 20s -fuzzminimizetime 2s ./aggregator/
 	$(MAKE) deploy-check
 
 # The official Python openai package, for the test of the device's
