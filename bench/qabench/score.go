@@ -18,9 +18,14 @@ import (
 // case, compatibility forms folded and accents dropped (NFKD, combining
 // marks removed: "km²" is "km2", "Röntgen" "rontgen"), punctuation and
 // symbols removed, the articles a/an/the removed, whitespace collapsed.
+// Lower case comes after the folding: some compatibility forms fold to
+// capitals ("ℌ" and "𝐇" are "H"), so lowering first left them upper case
+// and Normalize(Normalize(s)) != Normalize(s). Bytes that are not UTF-8
+// (a model's output cut inside a character) become U+FFFD, a symbol, and
+// go: left in, they kept NFKD from folding the character after them.
 func Normalize(s string) string {
 	var b strings.Builder
-	for _, c := range norm.NFKD.String(strings.ToLower(s)) {
+	for _, c := range strings.ToLower(norm.NFKD.String(strings.ToValidUTF8(s, "\uFFFD"))) {
 		switch {
 		case unicode.Is(unicode.Mn, c):
 		case unicode.IsPunct(c) || unicode.IsSymbol(c):

@@ -23,6 +23,9 @@ func TestNormalize(t *testing.T) {
 		"1,000 km²":                  "1000 km2",
 		"":                           "",
 		"the":                        "",
+		"ℌilbert Space":              "hilbert space",
+		"𝐀pple":                      "apple",
+		"İstanbul":                   "istanbul",
 	} {
 		assert.Equal(t, want, Normalize(in), "%q", in)
 	}
@@ -72,4 +75,39 @@ func TestScoresOfQuotedTopicLines(t *testing.T) {
 	// DPR's has-answer test keeps articles: "beatles" does not contain "The
 	// Beatles", though it is an exact match under SQuAD's normalisation.
 	assert.Equal(t, Scores{1, 1, 0}, Score("beatles", qs[0].Answers))
+}
+
+// FuzzScore: whatever the answer and the gold, the normalisation is
+// idempotent, the scores are in range and consistent (an exact match has
+// F1 1), and a gold answer given as the answer scores fully.
+func FuzzScore(f *testing.F) {
+	for _, s := range [][2]string{
+		{"The Eiffel Tower", "eiffel tower"}, {"1,000 km²", "1000 km2"}, {"ℌilbert", "hilbert"},
+		{"𝐀pple pie", "apple pie"}, {"İstanbul", "istanbul"}, {"", "the"}, {"Å", "a"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, pred, gold string) {
+		n := Normalize(pred)
+		if again := Normalize(n); again != n {
+			t.Fatalf("Normalize(%q) = %q, but Normalize of that is %q", pred, n, again)
+		}
+		s := Score(pred, []string{gold})
+		if (s.EM != 0 && s.EM != 1) || (s.Contained != 0 && s.Contained != 1) || !(s.F1 >= 0 && s.F1 <= 1) {
+			t.Fatalf("scores %+v out of range", s)
+		}
+		if s.EM == 1 && s.F1 != 1 {
+			t.Fatalf("%q against %q: exact match with F1 %v", pred, gold, s.F1)
+		}
+		if r := F1(gold, []string{pred}); r != s.F1 {
+			t.Fatalf("F1 is not symmetric: %v one way, %v the other", s.F1, r)
+		}
+		self := Score(gold, []string{gold})
+		if self.EM != 1 || self.F1 != 1 {
+			t.Fatalf("%q against itself: %+v", gold, self)
+		}
+		if want := len(retrievalbench.Words(gold)) > 0; (self.Contained == 1) != want {
+			t.Fatalf("%q against itself: contained %v, but it has %d words", gold, self.Contained, len(retrievalbench.Words(gold)))
+		}
+	})
 }
