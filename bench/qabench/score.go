@@ -22,7 +22,8 @@ import (
 // capitals ("ℌ" and "𝐇" are "H"), so lowering first left them upper case
 // and Normalize(Normalize(s)) != Normalize(s). Bytes that are not UTF-8
 // (a model's output cut inside a character) become U+FFFD, a symbol, and
-// go: left in, they kept NFKD from folding the character after them.
+// go: left in near the end of the text, one kept NFKD from folding the
+// character after it ("\xf7ϔ" stayed "ϔ").
 func Normalize(s string) string {
 	var b strings.Builder
 	for _, c := range strings.ToLower(norm.NFKD.String(strings.ToValidUTF8(s, "\uFFFD"))) {

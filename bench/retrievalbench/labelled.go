@@ -92,7 +92,10 @@ func parsePyList(s string) ([]string, error) {
 }
 
 // Words is DPR's has-answer tokenization: lowercased, accents stripped,
-// runs of letters and digits (punctuation dropped).
+// runs of letters and digits (punctuation dropped). Bytes that are not
+// UTF-8 (a model's output cut inside a character) separate words as
+// U+FFFD does; left in near the end of the text, one kept NFD from
+// stripping the accent of the character after it ("\xf7é" stayed "é").
 func Words(s string) []string {
 	var out []string
 	var b strings.Builder
@@ -102,7 +105,7 @@ func Words(s string) []string {
 			b.Reset()
 		}
 	}
-	for _, c := range norm.NFD.String(s) {
+	for _, c := range norm.NFD.String(strings.ToValidUTF8(s, "\uFFFD")) {
 		switch {
 		case unicode.Is(unicode.Mn, c):
 		case unicode.IsLetter(c) || unicode.IsDigit(c):

@@ -53,8 +53,9 @@ func TestHasAnswer(t *testing.T) {
 		{"The prize went to Wilhelm Conrad Röntgen in 1901.", []string{"Wilhelm Conrad Rontgen"}, true},
 		{"RÖNTGEN, WILHELM CONRAD", []string{"Wilhelm Conrad Röntgen"}, false}, // word order matters
 		{"Sunset Blvd. opened", []string{"x", "Sunset Blvd"}, true},
-		{"in 19010 years", []string{"1901"}, false}, // whole words only
-		{"anything", []string{"?!"}, false},         // no words, no match
+		{"in 19010 years", []string{"1901"}, false},       // whole words only
+		{"anything", []string{"?!"}, false},               // no words, no match
+		{"it ends in \xf7é", []string{"ends in e"}, true}, // a stray byte: é still loses its accent
 	} {
 		assert.Equal(t, tc.want, HasAnswer(tc.text, tc.answers), "%q in %q", tc.answers, tc.text)
 	}
