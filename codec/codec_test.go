@@ -621,3 +621,85 @@ func TestDecoderBufferStaysWithinMaxBody(t *testing.T) {
 	require.ErrorIs(t, d.Decode(payload, &s), ErrCorrupt)
 	assert.LessOrEqual(t, cap(d.raw), d.maxBody)
 }
+
+// weightsOf turns fuzz bytes into a probability vector with zeros, ties,
+// a wide range of magnitudes (subnormal to near float32's maximum) and,
+// from some bytes, values the encoder must refuse (NaN, -x, +Inf).
+func weightsOf(b []byte) []float32 {
+	probs := make([]float32, len(b))
+	for i, c := range b {
+		switch {
+		case c == 0:
+		case c == 0xfd:
+			probs[i] = float32(math.NaN())
+		case c == 0xfe:
+			probs[i] = -1
+		case c == 0xff:
+			probs[i] = float32(math.Inf(1))
+		case c >= 0xf0:
+			probs[i] = math.Float32frombits(uint32(c - 0xf0 + 1)) // subnormal
+		default:
+			probs[i] = float32(math.Ldexp(1+float64(c&7)/8, int(c>>3)-16))
+		}
+	}
+	return probs
+}
+
+// FuzzEncode: any vector the encoder takes gives a payload that decodes,
+// bit for bit, to the view it reports, holds the drafted token, and keeps
+// at least the top-p share of the mass; anything else is ErrInvalid.
+func FuzzEncode(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 200, 200, 0, 7}, uint8(80), int32(3))
+	f.Add([]byte{0, 0, 0, 0}, uint8(99), int32(-1))
+	f.Add([]byte{0xf1, 0xf2, 0xef, 0, 0xef}, uint8(50), int32(0))
+	f.Add([]byte{10, 10, 10, 10, 10, 10, 10, 10}, uint8(0), int32(7))
+	dec := map[int]*Decoder{}
+	f.Fuzz(func(t *testing.T, b []byte, p uint8, drafted int32) {
+		probs := weightsOf(b)
+		topP := float64(p%100+1) / 100
+		if drafted < 0 {
+			drafted = NoToken
+		}
+		enc, err := NewEncoder(topP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var view Sparse
+		payload, err := enc.Encode(nil, probs, drafted, &view)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("unexpected error kind: %v", err)
+			}
+			return
+		}
+		d := dec[len(probs)]
+		if d == nil {
+			if d, err = NewDecoder(len(probs)); err != nil {
+				t.Fatal(err)
+			}
+			dec[len(probs)] = d
+		}
+		var got Sparse
+		if err := d.Decode(payload, &got); err != nil {
+			t.Fatalf("its own payload does not decode: %v", err)
+		}
+		if !slices.Equal(got.Tokens, view.Tokens) || !slices.EqualFunc(got.Probs, view.Probs, func(a, b float32) bool {
+			return math.Float32bits(a) == math.Float32bits(b)
+		}) {
+			t.Fatalf("decoded %v, the encoder's view %v", got, view)
+		}
+		if drafted != NoToken && !slices.Contains(view.Tokens, drafted) {
+			t.Fatalf("drafted token %d not kept in %v", drafted, view.Tokens)
+		}
+		var total, kept float64
+		for _, q := range probs {
+			total += float64(q)
+		}
+		for _, tok := range view.Tokens {
+			kept += float64(probs[tok])
+		}
+		if kept < topP*total*(1-1e-6) {
+			t.Fatalf("kept %v of %v, under top-p %v", kept, total, topP)
+		}
+	})
+}
