@@ -37,22 +37,6 @@ func (p *program) dist() []float32 {
 	return probs
 }
 
-// ranked is probs' most probable token and the next (-1 when there is
-// none), the lowest id on ties.
-func ranked(probs []float32) (first, second int32) {
-	first, second = -1, -1
-	for i, q := range probs {
-		switch tok := int32(i); {
-		case q <= 0:
-		case first < 0 || q > probs[first]:
-			first, second = tok, first
-		case second < 0 || q > probs[second]:
-			second = tok
-		}
-	}
-	return first, second
-}
-
 // FuzzNodeAgainstAPeer: whatever the peer sends (drafts, hedges, branch
 // drafts, verdicts and handovers, with any steps, epochs, tokens,
 // payloads and flags, in any order) a Node takes it or refuses it with
@@ -112,23 +96,24 @@ func FuzzNodeAgainstAPeer(f *testing.F) {
 				if c := p.next(); c%4 == 0 { // any side and epoch
 					w.Side, w.Epoch = Side(c/4%3), uint32(p.near(uint64(w.Epoch)))
 				}
-				probs := p.dist()
-				// Mostly the distribution's argmax and runner-up, as a
-				// peer drafts and hedges; sometimes any token.
-				first, second := ranked(probs)
-				w.Token = first
+				// Mostly the token and payload a peer's proposer makes, and
+				// its runner-up as the hedge; sometimes any token or bytes.
+				drawn, err := remote.Propose(p.dist(), w.Step, w.Epoch, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.Token, w.Payload = drawn.Token(), drawn.Payload()
 				if c := p.next(); c%4 == 0 {
 					w.Token = int32(c / 4 % vocab)
 				}
 				if p.next()%8 == 0 {
 					k := int(p.next() % 16)
 					w.Payload = append([]byte(nil), p.b[:min(len(p.b), k)]...)
-				} else if w.Payload, err = codec.Encode(probs, codec.NoToken, 1); err != nil {
-					t.Fatal(err)
 				}
 				switch c := p.next(); c % 4 {
-				case 1: // hedged
-					w.Hedged, w.Hedge = true, second
+				case 1: // hedged on the runner-up (-1 when there is none)
+					alt, _ := drawn.RunnerUp()
+					w.Hedged, w.Hedge = true, alt
 				case 2: // hedged on any token
 					w.Hedged, w.Hedge = true, int32(c/4%vocab)
 				case 3: // on the branch forked at a recent step

@@ -623,7 +623,7 @@ func TestDecoderBufferStaysWithinMaxBody(t *testing.T) {
 }
 
 // weightsOf turns fuzz bytes into a probability vector with zeros, ties,
-// a wide range of magnitudes (subnormal to near float32's maximum) and,
+// a wide range of magnitudes (subnormals, then 2^-16 to about 2^14) and,
 // from some bytes, values the encoder must refuse (NaN, -x, +Inf).
 func weightsOf(b []byte) []float32 {
 	probs := make([]float32, len(b))
