@@ -206,6 +206,9 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if r.History, err = parseHistory(b.GetHistory(), r.Query, lim); err != nil {
 		return r, err
 	}
+	if err := checkSystem(r.System, lim); err != nil {
+		return r, err
+	}
 	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		r.Mode = dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION
 	}
@@ -269,8 +272,8 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 	if r.History, err = parseHistory(g.GetHistory(), r.Query, lim); err != nil {
 		return r, err
 	}
-	if lim.MaxPrompt > 0 && len(r.System) > lim.MaxPrompt {
-		return r, wire.InvalidArgument("system", fmt.Sprintf("%d bytes, more than the limit of %d", len(r.System), lim.MaxPrompt))
+	if err := checkSystem(r.System, lim); err != nil {
+		return r, err
 	}
 	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		r.Mode = def.Mode
@@ -305,6 +308,15 @@ func checkPrompt(s, field string, lim Limits) error {
 		return wire.InvalidArgument(field, "empty")
 	case lim.MaxPrompt > 0 && len(s) > lim.MaxPrompt:
 		return wire.InvalidArgument(field, fmt.Sprintf("%d bytes, more than the limit of %d", len(s), lim.MaxPrompt))
+	}
+	return nil
+}
+
+// checkSystem bounds a system message as a prompt is bounded: the device
+// checks an app's, the cloud a peer's.
+func checkSystem(s string, lim Limits) error {
+	if lim.MaxPrompt > 0 && len(s) > lim.MaxPrompt {
+		return wire.InvalidArgument("system", fmt.Sprintf("%d bytes, more than the limit of %d", len(s), lim.MaxPrompt))
 	}
 	return nil
 }
