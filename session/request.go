@@ -156,6 +156,19 @@ const (
 	MaxHedgeDepth = 1024
 )
 
+// Stop strings a request may give: every generated token is checked
+// against each of them, so their number and size bound that work (OpenAI's
+// API takes 4).
+const (
+	MaxStops     = 16
+	MaxStopBytes = 256
+)
+
+// MaxTurns bounds a conversation's earlier turns. The prompt's byte limit
+// does not: an answer may be empty, and each turn adds its role markers to
+// the prompt every side lays out.
+const MaxTurns = 512
+
 // Defaults fill a request's unset fields.
 type Defaults struct {
 	MaxTokens                     int
@@ -185,9 +198,15 @@ func ParseSampling(p *dragonv1.SamplingParams, lim Limits, def Defaults) (sampli
 	if lim.MaxTokens > 0 && maxTokens > lim.MaxTokens {
 		return sp, 0, nil, wire.InvalidArgument("sampling.max_tokens", fmt.Sprintf("%d is more than the limit of %d", maxTokens, lim.MaxTokens))
 	}
+	if n := len(p.GetStop()); n > MaxStops {
+		return sp, 0, nil, wire.InvalidArgument("sampling.stop", fmt.Sprintf("%d stop strings: at most %d", n, MaxStops))
+	}
 	for _, s := range p.GetStop() {
-		if s == "" {
+		switch {
+		case s == "":
 			return sp, 0, nil, wire.InvalidArgument("sampling.stop", "empty stop string")
+		case len(s) > MaxStopBytes:
+			return sp, 0, nil, wire.InvalidArgument("sampling.stop", fmt.Sprintf("a stop string of %d bytes: at most %d", len(s), MaxStopBytes))
 		}
 	}
 	return sp, maxTokens, p.GetStop(), nil
@@ -325,8 +344,11 @@ func checkSystem(s string, lim Limits) error {
 // (the model may have ended it at once), a question may not. The turns and
 // the query are all prompt: together they stay within lim.MaxPrompt.
 func parseHistory(turns []*dragonv1.ChatTurn, query string, lim Limits) ([]engine.Message, error) {
-	if len(turns) == 0 {
+	switch {
+	case len(turns) == 0:
 		return nil, nil
+	case len(turns) > MaxTurns:
+		return nil, wire.InvalidArgument("history", fmt.Sprintf("%d turns: at most %d", len(turns), MaxTurns))
 	}
 	h := make([]engine.Message, len(turns))
 	size := len(query)

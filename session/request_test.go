@@ -94,6 +94,36 @@ func TestHedgeLimitsChecked(t *testing.T) {
 	}
 }
 
+// TestStopStringsChecked: every token is matched against each stop
+// string, so both sides refuse too many or too long ones, and take those
+// at the limits.
+func TestStopStringsChecked(t *testing.T) {
+	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
+	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	for _, c := range []struct {
+		name string
+		stop []string
+		ok   bool
+	}{
+		{"at the limits", append(slices.Repeat([]string{"x"}, MaxStops-1), strings.Repeat("y", MaxStopBytes)), true},
+		{"too many", slices.Repeat([]string{"x"}, MaxStops+1), false},
+		{"too long", []string{"\n", strings.Repeat("y", MaxStopBytes+1)}, false},
+		{"empty", []string{""}, false},
+	} {
+		sp := &dragonv1.SamplingParams{Stop: c.stop}
+		_, gerr := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", Sampling: sp}, lim, def)
+		_, berr := ParseBegin(&dragonv1.Begin{Query: "q", Sampling: sp}, lim, def)
+		for side, err := range map[string]error{"device": gerr, "cloud": berr} {
+			if c.ok {
+				assert.NoError(t, err, "%s, %s", c.name, side)
+				continue
+			}
+			require.Equal(t, codes.InvalidArgument, status.Code(err), "%s, %s: %v", c.name, side, err)
+			assert.ErrorContains(t, err, "sampling.stop", "%s, %s", c.name, side)
+		}
+	}
+}
+
 func turn(role dragonv1.ChatRole, content string) *dragonv1.ChatTurn {
 	return &dragonv1.ChatTurn{Role: role, Content: content}
 }
@@ -146,6 +176,7 @@ func TestHistoryRefused(t *testing.T) {
 		{"empty question", []*dragonv1.ChatTurn{turn(assistant, "hi"), turn(user, "")}, "history[1].content"},
 		// 8 + 8 bytes of turns and 5 of prompt: each fits, together not.
 		{"too long", []*dragonv1.ChatTurn{turn(user, strings.Repeat("q", 8)), turn(assistant, strings.Repeat("a", 8))}, "history"},
+		{"too many turns", slices.Repeat([]*dragonv1.ChatTurn{turn(assistant, "")}, MaxTurns+1), "history"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -289,6 +320,11 @@ func withinLimits(t *testing.T, r Request, lim Limits) {
 	require.LessOrEqual(t, size, lim.MaxPrompt, "query and history")
 	require.LessOrEqual(t, len(r.System), lim.MaxPrompt, "system")
 	require.NoError(t, r.Sampling.Validate())
+	require.LessOrEqual(t, len(r.History), MaxTurns)
+	require.LessOrEqual(t, len(r.Stop), MaxStops)
+	for _, s := range r.Stop {
+		require.LessOrEqual(t, len(s), MaxStopBytes)
+	}
 	require.Positive(t, r.MaxTokens)
 	require.LessOrEqual(t, r.MaxTokens, lim.MaxTokens)
 	for _, s := range r.Stop {
