@@ -269,7 +269,7 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 		maxTokens = opts.MaxTokens
 	}
 	if maxTokens != nil {
-		if *maxTokens < 1 || *maxTokens > math.MaxUint32 {
+		if *maxTokens < 1 || int64(*maxTokens) > math.MaxUint32 {
 			return nil, bad("max_tokens %d: need 1 to %d", *maxTokens, uint32(math.MaxUint32))
 		}
 		sp.MaxTokens = uint32(*maxTokens)
@@ -288,7 +288,7 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 		g.Mode = m
 	}
 	for name, p := range map[string]*int{"passages_device": opts.PassagesDevice, "passages_cloud": opts.PassagesCloud} {
-		if p != nil && (*p < 0 || *p > math.MaxUint32) {
+		if p != nil && (*p < 0 || int64(*p) > math.MaxUint32) {
 			return nil, bad("%s %d: need 0 to %d", name, *p, uint32(math.MaxUint32))
 		}
 	}
