@@ -21,11 +21,16 @@ import (
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
 
+// The limits and defaults the request tests parse under.
+var (
+	testLimits   = Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
+	testDefaults = Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+)
+
 // TestRequestReachesBothSidesOptions: what an app asks for reaches the
 // device's session options and, through the Begin, the cloud's.
 func TestRequestReachesBothSidesOptions(t *testing.T) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	for _, g := range []*dragonv1.GenerateRequest{
 		{Prompt: "q", SwitchEvery: 3, BlindDrafts: true, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
 		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9}, ConfidenceTemperature: 0.5},
@@ -57,8 +62,7 @@ func TestRequestReachesBothSidesOptions(t *testing.T) {
 // TestConfidenceTemperatureChecked: a negative or non-finite confidence
 // temperature is refused on either side.
 func TestConfidenceTemperatureChecked(t *testing.T) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	for _, v := range []float32{-1, float32(math.NaN()), float32(math.Inf(1))} {
 		_, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", ConfidenceTemperature: v}, lim, def)
 		require.Equal(t, codes.InvalidArgument, status.Code(err), "%v: %v", v, err)
@@ -71,8 +75,7 @@ func TestConfidenceTemperatureChecked(t *testing.T) {
 // TestHedgeLimitsChecked: hedges beyond the limits, without a depth, or
 // where drafts are not shared are refused on either side.
 func TestHedgeLimitsChecked(t *testing.T) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	for _, c := range []struct {
 		name        string
 		hedges, dep uint32
@@ -98,8 +101,7 @@ func TestHedgeLimitsChecked(t *testing.T) {
 // string, so both sides refuse too many or too long ones, and take those
 // at the limits.
 func TestStopStringsChecked(t *testing.T) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	for _, c := range []struct {
 		name string
 		stop []string
@@ -133,8 +135,7 @@ func turn(role dragonv1.ChatRole, content string) *dragonv1.ChatTurn {
 // cloud's, in order and unchanged, so that both sides lay out the same
 // conversation.
 func TestHistoryReachesTheCloud(t *testing.T) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	user, assistant := dragonv1.ChatRole_CHAT_ROLE_USER, dragonv1.ChatRole_CHAT_ROLE_ASSISTANT
 	cases := []struct {
 		name    string
@@ -256,8 +257,7 @@ func TestParseClosedBook(t *testing.T) {
 // an InvalidArgument, never a panic; and a request the device accepts, the
 // cloud accepts as the device forwards it, with the same meaning.
 func FuzzParseRequests(f *testing.F) {
-	lim := Limits{MaxTokens: 64, MaxPassages: 4, MaxPrompt: 200}
-	def := Defaults{MaxTokens: 16, PassagesDevice: 2, PassagesCloud: 2, Mode: dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
+	lim, def := testLimits, testDefaults
 	for _, g := range []*dragonv1.GenerateRequest{
 		{Prompt: "q", System: "s", SwitchEvery: 3, BlindDrafts: true, Strategy: dragonv1.Strategy_STRATEGY_CLOUD},
 		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, CodecTopP: 0.9, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9, Temperature: 0.7, TopK: 40, TopP: 0.95, Stop: []string{"\n"}}, ConfidenceTemperature: 0.5},
@@ -323,13 +323,11 @@ func withinLimits(t *testing.T, r Request, lim Limits) {
 	require.LessOrEqual(t, len(r.History), MaxTurns)
 	require.LessOrEqual(t, len(r.Stop), MaxStops)
 	for _, s := range r.Stop {
+		require.NotEmpty(t, s)
 		require.LessOrEqual(t, len(s), MaxStopBytes)
 	}
 	require.Positive(t, r.MaxTokens)
 	require.LessOrEqual(t, r.MaxTokens, lim.MaxTokens)
-	for _, s := range r.Stop {
-		require.NotEmpty(t, s)
-	}
 	require.NotEqual(t, dragonv1.Mode_MODE_UNSPECIFIED, r.Mode)
 	require.Contains(t, dragonv1.Mode_name, int32(r.Mode))
 	for _, n := range []int{r.PassagesDevice, r.PassagesCloud} {
