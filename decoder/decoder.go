@@ -211,6 +211,10 @@ type Decoder struct {
 	// prefill's bit for bit).
 	known, lastRow [][]float32
 	ordered        bool
+	// ev keeps each passage's terms of the answer (evidence.go), for the
+	// generations that begin while wantEvidence is set.
+	ev           evidence
+	wantEvidence bool
 }
 
 // New creates a decoder and its engine context.
@@ -403,6 +407,7 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.hTilde = hTilde
 	d.epochs = append(d.epochs[:0], weightEpoch{from: 0, w: d.w, hTilde: hTilde})
 	d.gen = d.gen[:0]
+	d.ev.reset(d.wantEvidence)
 	d.own, d.restored = own, 0
 	d.held = make([]int, len(d.prompts))
 	d.known = make([][]float32, len(d.prompts))
@@ -518,6 +523,15 @@ func (d *Decoder) Push(toks ...engine.Token) {
 	if len(toks) > 0 {
 		d.gen = append(d.gen, toks...)
 		d.nextValid = false
+		d.bindEvidence()
+	}
+}
+
+// bindEvidence gives the answer's new tokens their terms, as far as the
+// kept distributions hold them.
+func (d *Decoder) bindEvidence() {
+	if d.ev.on {
+		d.ev.bind(d.gen, len(d.prompts))
 	}
 }
 
@@ -557,6 +571,10 @@ func (d *Decoder) Commit(draft []engine.Token, accepted int, emit []engine.Token
 	base := len(d.gen)
 	d.gen = append(d.gen, emit...)
 	d.nextValid = false
+	// The rows past the last accepted draft token were mixed after
+	// rejected ones.
+	d.ev.dropAfter(base + accepted)
+	d.bindEvidence()
 	return d.truncateKV(base + accepted)
 }
 
@@ -566,6 +584,15 @@ func (d *Decoder) Commit(draft []engine.Token, accepted int, emit []engine.Token
 func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows bool, calib func(int, [][]engine.TokenLogit) error) error {
 	nOut := len(draft) + 1
 	d.resetMixes(nOut)
+	d.ev.dropPass()
+	// A token without its terms is decoded again from the row before it:
+	// the pass then recomputes the next distribution too.
+	missing := -1
+	if d.ev.on {
+		if missing = d.ev.firstMissing(len(d.gen)); missing >= 0 {
+			d.nextValid = false
+		}
+	}
 	if d.nextValid && len(draft) > 0 {
 		// Nothing pending: the first row is the distribution already known.
 		copy(d.mixes[0], d.next)
@@ -585,7 +612,11 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 			if s < len(d.known) && d.known[s] != nil {
 				continue // its distribution came with its cached prefix
 			}
-			if last := len(p) + len(d.gen) - 1; d.held[s] > last {
+			last := len(p) + len(d.gen) - 1
+			if missing >= 0 {
+				last = min(last, len(p)+missing-1)
+			}
+			if d.held[s] > last {
 				if err := d.ectx.Truncate(s, last); err != nil {
 					return fmt.Errorf("decoder: sequence %d: %w", s, err)
 				}
@@ -617,7 +648,10 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 			if calib != nil && pos < len(prompt) {
 				w.prow = pos
 			}
-			d.batch.Add(tok, pos, w.out >= 0 || w.prow >= 0, s)
+			if q := pos - len(prompt) + 1; w.out < 0 && d.ev.on && q >= 0 && d.ev.missing(q, s) {
+				w.term = q + 1
+			}
+			d.batch.Add(tok, pos, w.out >= 0 || w.prow >= 0 || w.term > 0, s)
 			wants = append(wants, w)
 			rows++
 			if d.batch.Len() == d.opts.BatchSize {
@@ -652,6 +686,9 @@ func (d *Decoder) forward(ctx context.Context, draft []engine.Token, allRows boo
 	for s, p := range d.prompts {
 		d.held[s] = len(p) + len(d.gen) + len(draft)
 	}
+	if d.ev.on {
+		d.ev.endPass(len(d.gen))
+	}
 	copy(d.next, d.mixes[nOut-1])
 	d.nextValid = len(draft) == 0
 	if calib != nil {
@@ -678,9 +715,10 @@ func (d *Decoder) resetMixes(n int) {
 
 // rowWant is what one row of d.batch is for: its passage (seq), the
 // mixture its distribution joins (out; -1: none), the prompt position
-// whose top-k calibration reads (prow; -1: none), and the hedge branch
-// whose next mixture it joins instead (hedge: slot+1; 0: none).
-type rowWant struct{ seq, out, prow, hedge int }
+// whose top-k calibration reads (prow; -1: none), the hedge branch whose
+// next mixture it joins instead (hedge: slot+1; 0: none), and the answer
+// position whose term it gives (term: position+1; 0: none).
+type rowWant struct{ seq, out, prow, hedge, term int }
 
 // decodeBatch runs d.batch (nothing when empty), mixes each row into its
 // mixture, stores the top-k of calibration rows in calRows[seq][prow], and
@@ -702,6 +740,16 @@ func (d *Decoder) decodeBatch(ctx context.Context, wants []rowWant, calRows [][]
 		}
 		if w.hedge > 0 {
 			if err := d.mixBranchRow(row, w.hedge-1, w.seq); err != nil {
+				return wants, err
+			}
+			continue
+		}
+		if w.term > 0 {
+			logits, err := d.ectx.Logits(row, d.logits)
+			if err != nil {
+				return wants, err
+			}
+			if err := d.termRow(w.term-1, w.seq, d.maskUnused(logits)); err != nil {
 				return wants, err
 			}
 			continue
@@ -737,12 +785,19 @@ func (d *Decoder) mixOrdered() error {
 		if len(logits) == 0 {
 			return fmt.Errorf("decoder: internal error: no distribution for sequence %d", s)
 		}
-		if len(d.unused) > 0 {
+		switch {
+		case d.ev.on:
+			logits = d.maskUnused(append(d.ev.slot(0, s, len(d.prompts)), logits...))
+		case len(d.unused) > 0:
 			// Cached logits are shared with other decoders: mask a copy.
 			logits = d.maskUnused(append(d.logits[:0], logits...))
 		}
-		if _, err := vecmath.SoftmaxMix(d.mixes[0], logits, d.w[s]); err != nil {
+		logZ, err := vecmath.SoftmaxMix(d.mixes[0], logits, d.w[s])
+		if err != nil {
 			return fmt.Errorf("decoder: passage %d: %w", s, err)
+		}
+		if d.ev.on {
+			d.ev.set(0, s, logits, logZ)
 		}
 	}
 	return nil
@@ -764,12 +819,21 @@ func (d *Decoder) mixBranchRow(row, h, seq int) error {
 // mixRow adds batch row row's next-token distribution, weighted by passage
 // seq's document weight, into mixture out.
 func (d *Decoder) mixRow(row, out, seq int) error {
-	logits, err := d.ectx.Logits(row, d.logits)
+	buf := d.logits
+	if d.ev.on {
+		// Kept for the term of whatever token is decided there.
+		buf = d.ev.slot(out, seq, len(d.prompts))
+	}
+	logits, err := d.ectx.Logits(row, buf)
 	if err != nil {
 		return err
 	}
-	if _, err := vecmath.SoftmaxMix(d.mixes[out], d.maskUnused(logits), d.w[seq]); err != nil {
+	logZ, err := vecmath.SoftmaxMix(d.mixes[out], d.maskUnused(logits), d.w[seq])
+	if err != nil {
 		return fmt.Errorf("decoder: passage %d: %w", seq, err)
+	}
+	if d.ev.on {
+		d.ev.set(out, seq, logits, logZ)
 	}
 	return nil
 }

@@ -259,6 +259,7 @@ func (d *Decoder) Rewind(n int, toks ...engine.Token) error {
 	if err := d.dropBranches(); err != nil {
 		return err
 	}
+	d.ev.cut(n)
 	if n < len(d.gen) {
 		d.gen = d.gen[:n]
 		d.nextValid = false

@@ -189,6 +189,10 @@ func (d *Decoder) AdoptBranch(h int) error {
 	if b.nextValid {
 		copy(d.next, b.next)
 	}
+	// The hedged token's terms come from the main chain's distribution at
+	// the fork; the branch's later tokens are decoded again for theirs.
+	d.ev.cut(b.fork)
+	d.bindEvidence()
 	return d.dropBranches()
 }
 

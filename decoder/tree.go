@@ -40,12 +40,20 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 	case len(tree.Leaves) > d.branches:
 		return nil, fmt.Errorf("decoder: %w: tree of %d branches, at most %d", engine.ErrInvalidInput, len(tree.Leaves), d.branches)
 	}
+	if d.ev.on && d.ev.firstMissing(len(d.gen)) >= 0 {
+		// A plain pass first gives the answer's tokens their terms (and
+		// the root's distribution): tree rows have no term rows.
+		if err := d.forward(ctx, nil, false, nil); err != nil {
+			return nil, err
+		}
+	}
 	depth := 0
 	for _, n := range tree.Nodes {
 		depth = max(depth, n.Depth)
 	}
 	n := len(tree.Nodes)
 	d.resetMixes(n)
+	d.ev.dropPass()
 	pending := len(d.prompts[0]) + len(d.gen) - d.held[0]
 	if pending == 0 {
 		if !d.nextValid {
@@ -99,7 +107,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 			if pos == base-1 {
 				out = 0
 			}
-			if err := add(rowWant{s, out, -1, 0}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
+			if err := add(rowWant{seq: s, out: out, prow: -1}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
 				return nil, undo(err)
 			}
 		}
@@ -108,7 +116,7 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 			for j, b := range node.Branches {
 				seqs[j] = all[b]
 			}
-			if err := add(rowWant{s, i + 1, -1, 0}, node.Token, base+node.Depth-1, seqs); err != nil {
+			if err := add(rowWant{seq: s, out: i + 1, prow: -1}, node.Token, base+node.Depth-1, seqs); err != nil {
 				return nil, undo(err)
 			}
 		}
@@ -156,14 +164,33 @@ func (d *Decoder) CommitTree(tree *specdec.Tree, v specdec.TreeVerdict) error {
 		}
 		d.held[s] = keep
 	}
+	if d.ev.on {
+		// The distribution at the answer's position base+j is that after
+		// the accepted path's node of depth j (the root's for j = 0).
+		base := len(d.gen)
+		for j := 0; j <= a; j++ {
+			node := 0
+			if j > 0 {
+				node = v.Path[j-1]
+			}
+			if node < len(d.ev.pass) && d.ev.pass[node] != nil && d.ev.pass[node].filled() {
+				dd := d.ev.pass[node]
+				d.ev.pass[node], dd.pos = nil, base+j
+				d.ev.put(dd)
+			}
+		}
+		d.ev.dropPass()
+	}
 	d.gen = append(d.gen, v.Emit...)
 	d.nextValid = false
+	d.bindEvidence()
 	return nil
 }
 
 // dropTree removes a verified tree's rows from every sequence, leaving the
 // answer as it was before VerifyTree.
 func (d *Decoder) dropTree(tree *specdec.Tree) error {
+	d.ev.dropPass()
 	for s, p := range d.prompts {
 		base := len(p) + len(d.gen)
 		if err := d.ectx.Truncate(s, base); err != nil {

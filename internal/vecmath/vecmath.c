@@ -52,7 +52,9 @@ static inline float exp_or_zero(float x) {
     return x > -NEGLIGIBLE_NATS ? exp_neg(x) : 0.0f;
 }
 
-double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w) {
+// log_partition sets *maxv to the largest logit and returns Σ exp(logit - *maxv)
+// (negligible entries flushed to zero), or NaN when a logit is NaN.
+static double log_partition(const float *logits, size_t n, float *maxv_out) {
     size_t i = 0;
     float maxv = logits[0];
 #if defined(__AVX2__) && defined(__FMA__)
@@ -66,9 +68,6 @@ double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w) {
         maxv = logits[i] > maxv ? logits[i] : maxv;
     }
 
-    // The exponentials are computed twice (sum, then accumulate) rather
-    // than stored: recomputing costs less than a vocabulary-sized store
-    // and reload.
     // Summed in float32 lanes over short blocks, the blocks in float64:
     // a float32 running sum over a 49k vocabulary drifts by 1e-4.
     double sum = 0.0;
@@ -110,15 +109,35 @@ double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w) {
         }
         sum += exp_or_zero(logits[i] - maxv);
     }
+    *maxv_out = maxv;
+    return sum;
+}
+
+double dragon_log_sum_exp(const float *logits, size_t n) {
+    float maxv;
+    double sum = log_partition(logits, n, &maxv);
+    if (isnan(sum) || !isfinite(maxv) || !(sum > 0.0) || !isfinite(sum)) {
+        return NAN;
+    }
+    return (double)maxv + log(sum);
+}
+
+double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w) {
+    float maxv;
+    double sum = log_partition(logits, n, &maxv);
     // A NaN or +Inf logit, or a row of -Inf: no distribution. acc is left
     // untouched.
-    if (!isfinite(maxv) || !(sum > 0.0) || !isfinite(sum)) {
+    if (isnan(sum) || !isfinite(maxv) || !(sum > 0.0) || !isfinite(sum)) {
         return NAN;
     }
 
+    // The exponentials are computed again rather than stored by
+    // log_partition: recomputing costs less than a vocabulary-sized store
+    // and reload.
     const float scale = (float)(w / sum);
-    i = 0;
+    size_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+    const __m256 vm = _mm256_set1_ps(maxv);
     const __m256 vs = _mm256_set1_ps(scale);
     for (; i + 8 <= n; i += 8) {
         __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(logits + i), vm));

@@ -38,3 +38,17 @@ func SoftmaxMix(acc, logits []float32, w float32) (float64, error) {
 	}
 	return logZ, nil
 }
+
+// LogSumExp is log Σ exp(logits), the log partition SoftmaxMix returns for
+// the same logits, bit for bit, without mixing anything. Logits that hold a
+// NaN or +Inf, or are all -Inf, are an error.
+func LogSumExp(logits []float32) (float64, error) {
+	if len(logits) == 0 {
+		return 0, fmt.Errorf("vecmath: empty logits")
+	}
+	logZ := float64(C.dragon_log_sum_exp((*C.float)(unsafe.Pointer(&logits[0])), C.size_t(len(logits))))
+	if math.IsNaN(logZ) {
+		return 0, fmt.Errorf("vecmath: logits hold a NaN or +Inf, or are all -Inf: no distribution")
+	}
+	return logZ, nil
+}

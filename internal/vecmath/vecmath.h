@@ -8,4 +8,8 @@
 // all -Inf.
 double dragon_softmax_mix(float *acc, const float *logits, size_t n, float w);
 
+// Returns log Σ exp(logits[0:n]), the same value dragon_softmax_mix returns,
+// or NaN when the logits hold a NaN or +Inf or are all -Inf.
+double dragon_log_sum_exp(const float *logits, size_t n);
+
 #endif

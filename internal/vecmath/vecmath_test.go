@@ -121,6 +121,34 @@ func TestSoftmaxMixRejectsBadInput(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// LogSumExp is the log partition SoftmaxMix returns, bit for bit, and
+// refuses what SoftmaxMix refuses.
+func TestLogSumExpIsSoftmaxMixPartition(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{1, 7, 8, 17, 1000, 151936} {
+		logits := make([]float32, n)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64()*6 - 2)
+		}
+		want, err := SoftmaxMix(make([]float32, n), logits, 0.5)
+		require.NoError(t, err)
+		got, err := LogSumExp(logits)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, "n=%d", n)
+		_, ref := reference(logits, 1)
+		assert.InDelta(t, ref, got, 1e-5*math.Abs(ref)+1e-5, "n=%d", n)
+	}
+	for name, logits := range map[string][]float32{
+		"NaN":      {0, float32(math.NaN()), 1},
+		"+Inf":     {0, float32(math.Inf(1))},
+		"all -Inf": {float32(math.Inf(-1)), float32(math.Inf(-1))},
+		"empty":    nil,
+	} {
+		_, err := LogSumExp(logits)
+		assert.Error(t, err, name)
+	}
+}
+
 func BenchmarkSoftmaxMix(b *testing.B) {
 	logits := make([]float32, 49152)
 	for i := range logits {
