@@ -210,6 +210,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	}
 	dec.SetSystem(req.System)
 	dec.SetHistory(req.History)
+	dec.SetEvidence(req.Sources)
 	log.Debug("cloud session", "passages", len(passages))
 	var sum session.Summary
 	switch req.Mode {
@@ -220,7 +221,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	case dragonv1.Mode_MODE_CLOUD_ONLY:
 		err = session.ServeSolo(ctx, opts, dec, req.Query, passages, stream)
 	case dragonv1.Mode_MODE_CONTEXT:
-		err = session.ServePassages(ctx, id, passages, stream)
+		err = session.ServePassages(ctx, opts, dec, passages, stream)
 	case dragonv1.Mode_MODE_KV:
 		err = session.ServeKV(ctx, opts, dec, req.Query, passages, stream)
 	default:

@@ -64,6 +64,13 @@ type Passage struct {
 	Text   string
 	Score  float64
 	Source string
+	// Where the passage comes from, for the answer's sources; the decoder
+	// reads none of it. ID is the index's passage id, Start and End the
+	// byte offsets of Text in its document, Meta its document's metadata
+	// (subject, from, date, title, page).
+	ID         uint64
+	Start, End int
+	Meta       map[string]string
 }
 
 // Imported is a passage sequence another context prefilled (DRCG/KV): its

@@ -220,10 +220,11 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	defer s.cfg.Metrics.Begin()()
 	s.dec.SetSystem(req.System)
 	s.dec.SetHistory(req.History)
+	s.dec.SetEvidence(req.Sources)
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 
-	sum, err := s.generate(ctx, req, opts, out)
+	sum, own, err := s.generate(ctx, req, opts, out)
 	// The answer joins the cache, so the conversation's next turn, or the
 	// same question again, prefills only what it adds.
 	s.dec.Retain()
@@ -237,6 +238,9 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 		return err
 	}
 	summary := s.summarize(req, sum, out.text.String(), start)
+	if req.Sources {
+		summary.Sources, summary.SourcesPartial = answerSources(own, sum)
+	}
 	if out.fellBack {
 		summary.Fallback, summary.FallbackStep, summary.FallbackReason = true, uint32(out.fallbackStep), out.fallbackReason
 	}
@@ -252,34 +256,57 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	return send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Summary{Summary: summary}})
 }
 
-func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker) (session.Summary, error) {
+// generate runs the request in its mode; it returns the summary and the
+// device's own passages the answer was decoded over.
+func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker) (session.Summary, []decoder.Passage, error) {
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
 		return s.alone(ctx, req, opts, out.emit)
 	}
 	opts.Fallback, opts.StallTimeout = true, cmp.Or(s.cfg.StallTimeout, defaultStallTimeout)
 	opts.OnFallback = func(step int, cause error) { out.fallback(step, cause) }
-	sum, err := s.withCloud(ctx, req, opts, out.emit)
+	sum, own, err := s.withCloud(ctx, req, opts, out.emit)
 	if err == nil || ctx.Err() != nil || out.sentAny() {
-		return sum, err
+		return sum, own, err
 	}
 	// The cloud failed before the answer began (unreachable, refused, or a
 	// baseline that cannot go on alone): answer alone from the start.
 	opts.Log.Warn("the cloud failed: answering alone", "err", err)
 	out.fallback(0, err)
-	alone, aerr := s.alone(ctx, req, opts, out.emit)
+	alone, own, aerr := s.alone(ctx, req, opts, out.emit)
 	alone.BytesSent, alone.BytesReceived = sum.BytesSent, sum.BytesReceived
-	return alone, aerr
+	return alone, own, aerr
 }
 
 // alone answers from the device's passages only.
-func (s *Server) alone(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
+func (s *Server) alone(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, []decoder.Passage, error) {
 	passages, err := s.retrieve(ctx, req)
 	if err != nil {
-		return session.Summary{}, err
+		return session.Summary{}, nil, err
 	}
 	sum, err := session.Local(ctx, opts, s.dec, session.Input{Query: req.Query, Passages: passages}, emit)
 	sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
-	return sum, err
+	return sum, passages, err
+}
+
+// answerSources are the answer's sources: the device's own passages with
+// their evidence and the cloud's entries (in the KV baseline the device's
+// evidence of the cloud's sequences, which it decoded), weighed and
+// shared over all of them. partial says some passage the answer used is
+// missing.
+func answerSources(own []decoder.Passage, sum session.Summary) ([]*dragonv1.Source, bool) {
+	var ownLL, imported []float64
+	if len(sum.Evidence) >= len(own) && sum.Evidence != nil {
+		ownLL, imported = sum.Evidence[:len(own)], sum.Evidence[len(own):]
+	}
+	list := session.Sources(aggregator.Device, own, ownLL)
+	for i, e := range sum.PeerSources {
+		if i < len(imported) && !e.GetHasEvidence() {
+			e.LogLikelihood, e.HasEvidence = imported[i], true
+		}
+	}
+	list = append(list, sum.PeerSources...)
+	mixed := session.CombineSources(list)
+	return list, mixed || sum.PeerSourcesMissing
 }
 
 func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.Passage, error) {
@@ -291,7 +318,7 @@ func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.P
 }
 
 // withCloud runs a generation that uses the cloud, in the request's mode.
-func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, error) {
+func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (_ session.Summary, passages []decoder.Passage, _ error) {
 	// The Hello and the Begin go out together, and this side retrieves and
 	// prefills while they travel: the cloud starts half a round trip after
 	// the question instead of one and a half, and the first token waits for
@@ -300,14 +327,14 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	defer cancel()
 	conn, err := s.cfg.Peer.Session(ctx)
 	if err != nil {
-		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
+		return session.Summary{}, passages, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
 	defer func() { _ = conn.CloseSend() }()
 	if err := session.SendHello(conn, s.hello); err != nil {
-		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
+		return session.Summary{}, passages, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
 	if err := session.Send(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: req.Begin(opts.SessionID)}}); err != nil {
-		return session.Summary{}, status.Errorf(codes.Unavailable, "cloud: %v", err)
+		return session.Summary{}, passages, status.Errorf(codes.Unavailable, "cloud: %v", err)
 	}
 	type handshake struct {
 		peer *dragonv1.Hello
@@ -326,7 +353,6 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 		}
 		shook <- handshake{peer, err}
 	}()
-	var passages []decoder.Passage
 	var localErr error
 	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
 		passages, localErr = s.retrieve(local, req)
@@ -340,45 +366,51 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	}
 	hs := <-shook
 	if hs.err != nil {
-		return session.Summary{}, hs.err
+		return session.Summary{}, passages, hs.err
 	}
 	if localErr != nil {
-		return session.Summary{}, localErr
+		return session.Summary{}, passages, localErr
 	}
 	opts.Fits = [2]profiler.DecodeFit{s.cfg.Fit, session.FitFromHello(hs.peer)}
 	switch req.Mode {
 	case dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION, dragonv1.Mode_MODE_TOKEN_WISE_SYNC:
-		return session.Run(ctx, opts, s.dec, req.Query, passages, conn, emit)
+		sum, err := session.Run(ctx, opts, s.dec, req.Query, passages, conn, emit)
+		return sum, passages, err
 	case dragonv1.Mode_MODE_SEQUENCE_WISE_SYNC:
-		return session.SequenceWise(ctx, opts, s.dec, req.Query, passages, conn, emit)
+		sum, err := session.SequenceWise(ctx, opts, s.dec, req.Query, passages, conn, emit)
+		return sum, passages, err
 	case dragonv1.Mode_MODE_CLOUD_ONLY:
 		sum, err := session.ReceiveSolo(ctx, opts, conn, emit)
 		sum.Aggregated[aggregator.Cloud.Index()] = uint64(len(sum.Tokens))
-		return sum, err
+		return sum, nil, err
 	case dragonv1.Mode_MODE_CONTEXT:
-		cloudPassages, n, err := session.FetchPassages(ctx, conn)
+		inbox := session.NewInbox(ctx, conn)
+		cloudPassages, n, err := session.FetchPassages(ctx, inbox)
 		if err != nil {
-			return session.Summary{}, err
+			return session.Summary{}, passages, err
 		}
-		all := append(passages, cloudPassages...)
-		return s.finishLocal(ctx, opts, conn, session.Input{Query: req.Query, Passages: all, Context: true}, n, emit)
+		all := append(slices.Clip(passages), cloudPassages...)
+		sum, err := s.finishLocal(ctx, opts, conn, inbox, session.Input{Query: req.Query, Passages: all, Context: true}, n, emit)
+		return sum, passages, err
 	case dragonv1.Mode_MODE_KV:
-		imported, n, err := session.FetchKV(ctx, conn, s.cfg.Model.Info().VocabSize)
+		inbox := session.NewInbox(ctx, conn)
+		imported, n, err := session.FetchKV(ctx, inbox, s.cfg.Model.Info().VocabSize)
 		if err != nil {
-			return session.Summary{}, err
+			return session.Summary{}, passages, err
 		}
-		return s.finishLocal(ctx, opts, conn, session.Input{Query: req.Query, Passages: passages, Imported: imported}, n, emit)
+		sum, err := s.finishLocal(ctx, opts, conn, inbox, session.Input{Query: req.Query, Passages: passages, Imported: imported}, n, emit)
+		return sum, passages, err
 	}
-	return session.Summary{}, status.Errorf(codes.Unimplemented, "mode %v is not implemented", req.Mode)
+	return session.Summary{}, passages, status.Errorf(codes.Unimplemented, "mode %v is not implemented", req.Mode)
 }
 
 // finishLocal decodes what the cloud sent (its passages as text or as KV
 // state) on the device, then ends the peer session.
-func (s *Server) finishLocal(ctx context.Context, opts session.Options, conn session.Conn, in session.Input, received uint64, emit session.Emit) (session.Summary, error) {
+func (s *Server) finishLocal(ctx context.Context, opts session.Options, conn session.Conn, inbox *session.Inbox, in session.Input, received uint64, emit session.Emit) (session.Summary, error) {
 	sum, err := session.Local(ctx, opts, s.dec, in, emit)
 	sum.BytesReceived += received
 	sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
-	_ = conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}})
+	session.FinishFetched(ctx, opts, conn, inbox, &sum)
 	return sum, err
 }
 

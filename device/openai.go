@@ -197,6 +197,9 @@ type options struct {
 	Strategy       string   `json:"strategy"`
 	// ConfidenceTemperature: GenerateRequest's confidence_temperature.
 	ConfidenceTemperature *float64 `json:"confidence_temperature"`
+	// IncludeSources false leaves the answer's sources out (PrivateGPT's
+	// name for the switch; they are on by default).
+	IncludeSources *bool `json:"include_sources"`
 }
 
 type chatRequest struct {
@@ -304,6 +307,7 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 	if opts.ConfidenceTemperature != nil {
 		g.ConfidenceTemperature = float32(*opts.ConfidenceTemperature)
 	}
+	g.OmitSources = opts.IncludeSources != nil && !*opts.IncludeSources
 	if opts.Strategy != "" {
 		st, err := aggregator.ParseStrategy(opts.Strategy)
 		if err != nil {
@@ -472,7 +476,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 		}
 		writeJSON(w, map[string]any{
 			"id": id, "object": object, "created": created, "model": o.model,
-			"choices": []any{choice}, "usage": use, "dragon": NewSummaryJSON(sum),
+			"choices": []any{choice}, "usage": use, "dragon": NewSummaryJSON(sum), "sources": NewSourcesJSON(sum),
 		})
 		return
 	}
@@ -546,7 +550,7 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 	if chat {
 		last["delta"] = map[string]any{}
 	}
-	_ = event(last, map[string]any{"dragon": NewSummaryJSON(sum)})
+	_ = event(last, map[string]any{"dragon": NewSummaryJSON(sum), "sources": NewSourcesJSON(sum)})
 	if opts.StreamOptions != nil && opts.StreamOptions.IncludeUsage {
 		_ = event(nil, map[string]any{"usage": use})
 	}

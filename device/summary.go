@@ -69,6 +69,59 @@ type SummaryJSON struct {
 	FallbackReason         string `json:"fallback_reason"`
 	PassagesRestoredDevice uint32 `json:"passages_restored_device"`
 	PassagesRestoredCloud  uint32 `json:"passages_restored_cloud"`
+	// SourcesPartial: the answer's sources (beside this summary) lack some
+	// passages it used.
+	SourcesPartial bool `json:"sources_partial"`
+}
+
+// SourceJSON is a dragon.v1.Source as scripts and the OpenAI API read it:
+// one entry of an answer's sources, the same keys everywhere (the proto
+// fields' names). LogLikelihood is absent where the side does not know
+// the passage's evidence.
+type SourceJSON struct {
+	Side          string            `json:"side"`
+	DocumentID    string            `json:"document_id,omitempty"`
+	PassageID     uint64            `json:"passage_id,omitempty"`
+	Source        string            `json:"source"`
+	Title         string            `json:"title"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	Start         uint64            `json:"start"`
+	End           uint64            `json:"end"`
+	Score         float64           `json:"score"`
+	Weight        float64           `json:"weight"`
+	Share         float64           `json:"share"`
+	LogLikelihood *float64          `json:"log_likelihood,omitempty"`
+	Excerpt       string            `json:"excerpt,omitempty"`
+	ClosedBook    bool              `json:"closed_book,omitempty"`
+}
+
+// NewSourcesJSON maps a summary's sources to their JSON form (an empty
+// list, not null, when there are none).
+func NewSourcesJSON(s *dragonv1.GenerateSummary) []SourceJSON {
+	out := make([]SourceJSON, 0, len(s.GetSources()))
+	for _, e := range s.GetSources() {
+		j := SourceJSON{
+			Side: sideName(e.GetSide()), DocumentID: e.GetDocumentId(), PassageID: e.GetPassageId(), Source: e.GetSource(),
+			Title: e.GetTitle(), Metadata: e.GetMetadata(), Start: e.GetStart(), End: e.GetEnd(), Score: e.GetScore(),
+			Weight: e.GetWeight(), Share: e.GetShare(), Excerpt: e.GetExcerpt(), ClosedBook: e.GetClosedBook(),
+		}
+		if e.GetHasEvidence() {
+			ll := e.GetLogLikelihood()
+			j.LogLikelihood = &ll
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+func sideName(s dragonv1.Side) string {
+	switch s {
+	case dragonv1.Side_SIDE_DEVICE:
+		return "device"
+	case dragonv1.Side_SIDE_CLOUD:
+		return "cloud"
+	}
+	return "unknown"
 }
 
 // NewSummaryJSON maps s to its JSON form.
@@ -99,6 +152,7 @@ func NewSummaryJSON(s *dragonv1.GenerateSummary) SummaryJSON {
 		HedgesDevice: s.GetHedgesDevice(), HedgesCloud: s.GetHedgesCloud(), HedgeHitsDevice: s.GetHedgeHitsDevice(), HedgeHitsCloud: s.GetHedgeHitsCloud(),
 		Fallback: s.GetFallback(), FallbackStep: s.GetFallbackStep(), FallbackReason: s.GetFallbackReason(),
 		PassagesRestoredDevice: s.GetPassagesRestoredDevice(), PassagesRestoredCloud: s.GetPassagesRestoredCloud(),
+		SourcesPartial: s.GetSourcesPartial(),
 	}
 }
 

@@ -1,11 +1,13 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -62,21 +64,70 @@ func expect(ctx context.Context, in <-chan inbound) (*dragonv1.PeerMessage, erro
 	}
 }
 
-// waitCancel waits for the device to end the session (a Cancel or the
-// end of the stream).
-func waitCancel(ctx context.Context, in <-chan inbound) error {
+// awaitCancel waits for the device to end the session: its Cancel, or
+// nil when the stream ends without one.
+func awaitCancel(ctx context.Context, in <-chan inbound) (*dragonv1.Cancel, error) {
 	for {
 		m, err := expect(ctx, in)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return nil
+				return nil, nil
 			}
-			return err
+			return nil, err
 		}
-		if m.GetCancel() != nil {
-			return nil
+		if c := m.GetCancel(); c != nil {
+			return c, nil
 		}
 	}
+}
+
+// finishServing ends a cloud half: it waits for the device's Cancel and,
+// when the request asked for sources, answers it with this side's
+// entries, with their evidence of the answer the Cancel carries when
+// decoded says that the decoder decoded this generation over passages.
+func finishServing(ctx context.Context, opts Options, dec *decoder.Decoder, passages []decoder.Passage, in <-chan inbound, conn Conn, decoded bool) error {
+	c, err := awaitCancel(ctx, in)
+	if err != nil || c == nil {
+		return err
+	}
+	return sendSources(ctx, opts, dec, passages, c, conn, decoded)
+}
+
+// sendSources answers the device's Cancel c with this side's entries
+// when the request asked for them.
+func sendSources(ctx context.Context, opts Options, dec *decoder.Decoder, passages []decoder.Passage, c *dragonv1.Cancel, conn Conn, decoded bool) error {
+	if !opts.Sources || c == nil {
+		return nil
+	}
+	answer, err := answerOf(c, dec.Model().Info().VocabSize, opts.MaxTokens)
+	if err != nil {
+		opts.Log.Warn("sources: the device's answer is not one", "err", err)
+	}
+	return conn.Send(sourcesMessage(opts.SessionID, peerSources(ctx, opts, dec, passages, answer, decoded)))
+}
+
+// cancelMessage is the device's last message of a session: the Cancel,
+// with the answer's tokens when the request asked for sources and the
+// cloud saw the answer decided (answer; nil where it must not cross).
+func cancelMessage(opts Options, finish Finish, answer []engine.Token) *dragonv1.PeerMessage {
+	c := &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(finish)}
+	if opts.Sources {
+		c.Answer = answer
+	}
+	return &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: c}}
+}
+
+// peerSourcesAfter waits for the cloud's entries after the device's
+// Cancel, when the request asked for sources, into sum.
+func peerSourcesAfter(ctx context.Context, opts Options, in <-chan inbound, sum *Summary) {
+	if !opts.Sources {
+		return
+	}
+	var n uint64
+	var ok bool
+	sum.PeerSources, n, ok = awaitSources(ctx, in, cmp.Or(opts.StallTimeout, defaultStallTimeout))
+	sum.BytesReceived += n
+	sum.PeerSourcesMissing = !ok
 }
 
 // sendCounted sends m and adds its size to *n.
@@ -86,6 +137,15 @@ func sendCounted(conn Conn, m *dragonv1.PeerMessage, n *uint64) error {
 	}
 	*n += uint64(proto.Size(m))
 	return nil
+}
+
+// FinishFetched ends a baseline whose answer the device decoded alone over
+// what it fetched (context, KV): the Cancel, without the answer, then the
+// cloud's entries when the request asked for sources.
+func FinishFetched(ctx context.Context, opts Options, conn Conn, inbox *Inbox, sum *Summary) {
+	if err := sendCounted(conn, cancelMessage(opts, sum.Finish, nil), &sum.BytesSent); err == nil && ctx.Err() == nil {
+		peerSourcesAfter(ctx, opts, inbox.in, sum)
+	}
 }
 
 // Input is what a local generation decodes.
@@ -122,6 +182,10 @@ func Local(ctx context.Context, opts Options, dec *decoder.Decoder, in Input, em
 	})
 	sum.ForwardPasses, sum.LocalAccepted = res.Steps, res.Spec.AcceptedTokens
 	sum.Restored[opts.Self.Index()] = dec.Restored()
+	if opts.Owner && !in.Context && (err == nil || errors.Is(err, errStop)) {
+		// One sequence per passage, own then imported: each one's evidence.
+		sum.Evidence = evidence(ctx, opts, dec, dec.Generated())
+	}
 	switch {
 	case errors.Is(err, errStop):
 		sum.Finish, err = FinishStop, nil
@@ -147,22 +211,31 @@ func finishOf(stopped string) Finish {
 
 // ServePassages is the cloud half of the context baseline: it sends its
 // passages as text and waits for the device to finish.
-func ServePassages(ctx context.Context, id uint64, passages []decoder.Passage, conn Conn) error {
+func ServePassages(ctx context.Context, opts Options, dec *decoder.Decoder, passages []decoder.Passage, conn Conn) error {
 	ps := make([]*dragonv1.Passage, len(passages))
 	for i, p := range passages {
 		ps[i] = &dragonv1.Passage{Text: p.Text, Score: p.Score, Source: p.Source}
 	}
 	in := messages(ctx, conn)
-	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Passages{Passages: &dragonv1.Passages{SessionId: id, Passages: ps}}}); err != nil {
+	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Passages{Passages: &dragonv1.Passages{SessionId: opts.SessionID, Passages: ps}}}); err != nil {
 		return err
 	}
-	return waitCancel(ctx, in)
+	return finishServing(ctx, opts, dec, passages, in, conn, false)
 }
+
+// Inbox is the messages of a peer stream as one goroutine reads them:
+// whoever goes on reading the stream after a Fetch reads from the same
+// Inbox.
+type Inbox struct{ in <-chan inbound }
+
+// NewInbox starts reading conn's messages until the stream ends or ctx is
+// done.
+func NewInbox(ctx context.Context, conn Conn) *Inbox { return &Inbox{messages(ctx, conn)} }
 
 // FetchPassages is the device half of the context baseline: the cloud's
 // passages, as text.
-func FetchPassages(ctx context.Context, conn Conn) ([]decoder.Passage, uint64, error) {
-	in := messages(ctx, conn)
+func FetchPassages(ctx context.Context, inbox *Inbox) ([]decoder.Passage, uint64, error) {
+	in := inbox.in
 	m, err := expect(ctx, in)
 	if err != nil {
 		return nil, 0, err
@@ -181,43 +254,60 @@ func FetchPassages(ctx context.Context, conn Conn) ([]decoder.Passage, uint64, e
 // ServeSolo is the cloud half of cloud-only generation: it generates alone
 // and streams the tokens, until done or the device cancels.
 func ServeSolo(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	gen, stop := context.WithCancel(ctx)
+	defer stop()
 	in := messages(ctx, conn)
+	cancels := make(chan *dragonv1.Cancel, 1)
 	go func() {
-		_ = waitCancel(ctx, in)
-		cancel()
+		c, _ := awaitCancel(ctx, in)
+		cancels <- c
+		stop() // the device has what it needs
 	}()
 	step := uint64(0)
-	_, err := Local(ctx, opts, dec, Input{Query: query, Passages: passages}, func(_ int, tok engine.Token) (bool, error) {
+	_, err := Local(gen, opts, dec, Input{Query: query, Passages: passages}, func(_ int, tok engine.Token) (bool, error) {
 		m := &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{
 			SessionId: opts.SessionID, Step: step, Tokens: []int32{tok}, PassagesRestored: uint32(dec.Restored()),
 		}}}
 		step++
 		return false, conn.Send(m)
 	})
-	if ctx.Err() != nil {
-		return nil // the device has what it needs
+	if gen.Err() == nil {
+		if err != nil {
+			return err
+		}
+		if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Done: true}}}); err != nil {
+			return err
+		}
 	}
-	if err != nil {
-		return err
+	var c *dragonv1.Cancel
+	select {
+	case c = <-cancels:
+	case <-ctx.Done():
+		return nil
 	}
-	if err := conn.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Tokens{Tokens: &dragonv1.Tokens{SessionId: opts.SessionID, Step: step, Done: true}}}); err != nil {
-		return err
+	if c != nil && opts.Sources {
+		// The tokens streamed leave the end token out: the answer's is the
+		// cloud's own where the device's ends just before it.
+		own := dec.Generated()
+		if n := len(c.GetAnswer()); n < len(own) && dec.Model().IsEOG(own[n]) && slices.Equal(c.GetAnswer(), own[:n]) {
+			c.Answer = own[:n+1]
+		}
 	}
-	<-ctx.Done()
-	return nil
+	return sendSources(ctx, opts, dec, passages, c, conn, true)
 }
 
 // ReceiveSolo is the device half of cloud-only generation.
-func ReceiveSolo(ctx context.Context, opts Options, conn Conn, emit Emit) (Summary, error) {
+// The Cancel and the sources that follow it go into the named result
+// after the answer's last return.
+func ReceiveSolo(ctx context.Context, opts Options, conn Conn, emit Emit) (sum Summary, _ error) {
 	if err := opts.defaults(); err != nil {
 		return Summary{}, err
 	}
-	var sum Summary
 	in := messages(ctx, conn)
 	defer func() {
-		_ = sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}}, &sum.BytesSent)
+		if sendCounted(conn, cancelMessage(opts, sum.Finish, sum.Tokens), &sum.BytesSent) == nil && ctx.Err() == nil {
+			peerSourcesAfter(ctx, opts, in, &sum)
+		}
 	}()
 	for {
 		m, err := expect(ctx, in)
@@ -351,7 +441,7 @@ func ServeSequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, 
 	}}}); err != nil {
 		return err
 	}
-	return waitCancel(ctx, in)
+	return finishServing(ctx, opts, dec, passages, in, conn, true)
 }
 
 func receiveCandidate(ctx context.Context, in <-chan inbound, from dragonv1.Side, vocab int) (candidate, error) {
@@ -383,14 +473,17 @@ func receiveCandidate(ctx context.Context, in <-chan inbound, from dragonv1.Side
 // candidate alone, the candidates cross once, each side scores both under
 // its own passages, and the candidate with the higher likelihood under the
 // η-mixture of the two sides is the answer, emitted at once.
-func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn, emit Emit) (Summary, error) {
+func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query string, passages []decoder.Passage, conn Conn, emit Emit) (sum Summary, _ error) {
 	if err := opts.defaults(); err != nil {
 		return Summary{}, err
 	}
 	in := messages(ctx, conn)
-	var sum Summary
+	var answer []int32 // the candidate taken, the end token included
 	defer func() {
-		_ = sendCounted(conn, &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: opts.SessionID, Reason: string(sum.Finish)}}}, &sum.BytesSent)
+		if sendCounted(conn, cancelMessage(opts, sum.Finish, answer), &sum.BytesSent) == nil && answer != nil && ctx.Err() == nil {
+			sum.Evidence = evidence(ctx, opts, dec, answer)
+			peerSourcesAfter(ctx, opts, in, &sum)
+		}
 	}()
 	own, local, err := generateCandidate(ctx, opts, dec, query, passages)
 	sum.ForwardPasses, sum.LocalAccepted = local.ForwardPasses, local.LocalAccepted
@@ -431,15 +524,16 @@ func SequenceWise(ctx context.Context, opts Options, dec *decoder.Decoder, query
 			len(scores.GetDeviceCandidate()), len(scores.GetCloudCandidate()), len(own.tokens), len(peer.tokens))
 	}
 	etaD, etaC := aggregator.Weights(own.hTilde, peer.hTilde)
-	answer := own.tokens
+	taken := own.tokens
 	if logLikelihood(dPeer, scores.GetCloudCandidate(), etaD, etaC) > logLikelihood(dOwn, scores.GetDeviceCandidate(), etaD, etaC) {
-		answer = peer.tokens
+		taken = peer.tokens
 		sum.Aggregated[aggregator.Cloud.Index()] = 1
 	} else {
 		sum.Aggregated[aggregator.Device.Index()] = 1
 	}
 	sum.Finish = FinishMaxTokens
-	for i, tok := range answer {
+	for i, tok := range taken {
+		answer = taken[:i+1]
 		if dec.Model().IsEOG(tok) {
 			sum.Finish = FinishEOG
 			break
@@ -495,14 +589,15 @@ func ServeKV(ctx context.Context, opts Options, dec *decoder.Decoder, query stri
 			return err
 		}
 	}
-	return waitCancel(ctx, in)
+	// The device decodes these passages and knows their evidence.
+	return finishServing(ctx, opts, dec, passages, in, conn, false)
 }
 
 // FetchKV is the device half of DRCG/KV: the cloud's prefilled passage
 // sequences, to import into the device's decoder. It returns them and the
 // bytes received.
-func FetchKV(ctx context.Context, conn Conn, vocab int) ([]decoder.Imported, uint64, error) {
-	in := messages(ctx, conn)
+func FetchKV(ctx context.Context, inbox *Inbox, vocab int) ([]decoder.Imported, uint64, error) {
+	in := inbox.in
 	var (
 		out   []decoder.Imported
 		total = -1

@@ -76,7 +76,10 @@ func (r IndexRetriever) Retrieve(ctx context.Context, query string, k int) ([]de
 	}
 	out := make([]decoder.Passage, len(hits))
 	for i, h := range hits {
-		out[i] = decoder.Passage{Text: h.Passage.Text, Score: h.Score, Source: h.Passage.Source}
+		out[i] = decoder.Passage{
+			Text: h.Passage.Text, Score: h.Score, Source: h.Passage.Source,
+			ID: h.Passage.ID, Start: h.Passage.Start, End: h.Passage.End, Meta: h.Passage.Meta,
+		}
 	}
 	return out, nil
 }
@@ -147,6 +150,8 @@ type Request struct {
 	// Hedges and HedgeDepth bound each side's hedged drafts
 	// (aggregator.Config.Hedges, HedgeDepth; 0: none).
 	Hedges, HedgeDepth int
+	// Sources asks for the answer's sources (Options.Sources).
+	Sources bool
 }
 
 // Hedge limits a request may ask for: a hedge's branch must reach over a
@@ -214,7 +219,10 @@ func ParseSampling(p *dragonv1.SamplingParams, lim Limits, def Defaults) (sampli
 
 // ParseBegin reads and checks a Begin (on the cloud).
 func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
-	r := Request{Query: b.GetQuery(), System: b.GetSystem(), Mode: b.GetMode(), SwitchEvery: int(b.GetSwitchEvery()), BlindDrafts: b.GetBlindDrafts()}
+	r := Request{
+		Query: b.GetQuery(), System: b.GetSystem(), Mode: b.GetMode(), SwitchEvery: int(b.GetSwitchEvery()),
+		BlindDrafts: b.GetBlindDrafts(), Sources: b.GetSources(),
+	}
 	var err error
 	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(b.GetSampling(), lim, def); err != nil {
 		return r, err
@@ -280,7 +288,10 @@ func confidence(v float32) (float64, error) {
 
 // ParseGenerate reads and checks an app's request (on the device).
 func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Request, error) {
-	r := Request{Query: g.GetPrompt(), System: g.GetSystem(), Mode: g.GetMode(), SwitchEvery: int(g.GetSwitchEvery()), BlindDrafts: g.GetBlindDrafts()}
+	r := Request{
+		Query: g.GetPrompt(), System: g.GetSystem(), Mode: g.GetMode(), SwitchEvery: int(g.GetSwitchEvery()),
+		BlindDrafts: g.GetBlindDrafts(), Sources: !g.GetOmitSources(),
+	}
 	var err error
 	if r.Sampling, r.MaxTokens, r.Stop, err = ParseSampling(g.GetSampling(), lim, def); err != nil {
 		return r, err
@@ -456,7 +467,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 	o := Options{
 		Self: self, SessionID: id, Owner: self == aggregator.Device, Sampling: r.Sampling, MaxTokens: r.MaxTokens,
 		CodecTopP: r.CodecTopP, Aggregator: r.Aggregator, Strategy: r.Strategy, SwitchEvery: r.SwitchEvery,
-		Blind: r.BlindDrafts, Confidence: r.Confidence, Hedges: r.Hedges, HedgeDepth: r.HedgeDepth,
+		Blind: r.BlindDrafts, Confidence: r.Confidence, Hedges: r.Hedges, HedgeDepth: r.HedgeDepth, Sources: r.Sources,
 	}
 	if r.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC {
 		o.Sync = TokenWise
@@ -476,7 +487,7 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		},
 		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
-		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence),
+		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence), Sources: r.Sources,
 		MaxHedges: uint32(r.Hedges), HedgeDepth: uint32(r.HedgeDepth),
 	}
 }

@@ -104,6 +104,12 @@ type Options struct {
 	// OnFallback, when set, learns that the answer goes on alone after
 	// step tokens, and why.
 	OnFallback func(step int, cause error)
+	// Sources: the answer's sources are wanted. Each side keeps its
+	// passages' evidence (the caller turns the decoder's on before it
+	// starts: decoder.SetEvidence); the owner ends with its own evidence
+	// and the peer's entries in the Summary, the peer sends its entries
+	// after the owner's Cancel.
+	Sources bool
 	// Metrics, when set, get the codec's compression and the link's
 	// estimates live (the caller records the rest with Metrics.Observe).
 	Metrics *Metrics
@@ -136,13 +142,16 @@ func (o *Options) defaults() error {
 		o.PingEvery = 200 * time.Millisecond
 	}
 	if o.StallTimeout <= 0 {
-		o.StallTimeout = 10 * time.Second
+		o.StallTimeout = defaultStallTimeout
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
 	return o.Sampling.Validate()
 }
+
+// defaultStallTimeout is Options.StallTimeout's default.
+const defaultStallTimeout = 10 * time.Second
 
 // Emit receives each target token as it is decided, in order (not the end
 // token), with its step. Returning stop ends the generation (a stop string
@@ -207,6 +216,14 @@ type Summary struct {
 	// Restored is, by side (device, cloud), how many passages began from
 	// that side's KV cache, as far as this side knows.
 	Restored [2]int
+	// With Options.Sources, on the owner: Evidence is each of this side's
+	// sequences' log-likelihood of the answer (nil when not known), and
+	// PeerSources the peer's entries as it sent them after the answer;
+	// PeerSourcesMissing says they did not come though the peer's passages
+	// had a part in the answer (it failed, or sent none in time).
+	Evidence           []float64
+	PeerSources        []*dragonv1.Source
+	PeerSourcesMissing bool
 }
 
 // Trace records decoding times and acceptance, by side (device, cloud).
@@ -261,6 +278,8 @@ type run struct {
 	// when the last one was decided (or the generation began).
 	targets  []engine.Token
 	progress time.Time
+	// cancel is the owner's Cancel, once it came (the peer's side).
+	cancel *dragonv1.Cancel
 
 	// Shared with the producer goroutine.
 	mu      sync.Mutex
@@ -369,21 +388,45 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 	if errors.As(err, &pf) && r.opts.Owner && r.opts.Fallback && ctx.Err() == nil {
 		err = r.continueAlone(ctx, pf.err)
 	}
-	r.dec.Finish()
+	// The peer learns the answer's end first, so that it works out its
+	// sources while this side works out its own.
+	askPeer := r.opts.Owner && r.opts.Sources && err == nil && !r.sum.Fallback
 	if r.opts.Owner {
 		reason := string(r.finish)
 		if err != nil {
 			reason = err.Error()
 		}
-		r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: &dragonv1.Cancel{SessionId: r.opts.SessionID, Reason: reason}}})
+		c := &dragonv1.Cancel{SessionId: r.opts.SessionID, Reason: reason}
+		if askPeer {
+			c.Answer = r.targets
+		}
+		r.enqueue(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Cancel{Cancel: c}})
+		if r.opts.Sources && err == nil {
+			r.sum.Evidence = evidence(ctx, r.opts, r.dec, r.targets)
+		}
 	} else if err != nil && !errors.Is(err, io.EOF) {
 		r.enqueue(errorMessage(r.opts.SessionID, err))
+	} else if r.opts.Sources && r.cancel != nil {
+		answer, aerr := answerOf(r.cancel, r.decode.Vocab(), r.opts.MaxTokens)
+		if aerr != nil {
+			r.log.Warn("sources: the device's answer is not one", "err", aerr)
+		}
+		r.enqueue(sourcesMessage(r.opts.SessionID, peerSources(ctx, r.opts, r.dec, passages, answer, true)))
 	}
+	r.dec.Finish()
 	close(r.out)
 	select {
 	case <-senderDone:
 	case <-time.After(2 * time.Second): // a peer that stopped reading
 	}
+	if askPeer {
+		var n uint64
+		var ok bool
+		r.sum.PeerSources, n, ok = awaitSources(ctx, inbox, r.opts.StallTimeout)
+		r.received += n
+		r.sum.PeerSourcesMissing = !ok
+	}
+	r.sum.PeerSourcesMissing = r.sum.PeerSourcesMissing || (r.opts.Sources && r.sum.Fallback)
 	r.fillSummary()
 	if err == nil && r.finish == "" {
 		r.sum.Finish = FinishCancelled
@@ -608,7 +651,7 @@ func (r *run) handle(m *dragonv1.PeerMessage) error {
 		if r.finish == "" {
 			r.finish = FinishCancelled
 		}
-		r.over = true
+		r.over, r.cancel = true, k.Cancel
 		return nil
 	case *dragonv1.PeerMessage_Error:
 		return status.Errorf(codes.Code(k.Error.GetCode()), "peer: %s", k.Error.GetMessage())
@@ -967,9 +1010,13 @@ func (r *run) produce(ctx context.Context, query string, passages []decoder.Pass
 			continue
 		}
 		settled := r.settled
+		decided := int(r.decided)
 		passCtx, cancel := context.WithCancel(ctx)
 		r.cancelPass = cancel
 		r.mu.Unlock()
+		// A rollback's step is the last one decided, whose distribution it
+		// needs for the target's evidence: only those before it are final.
+		r.dec.Settle(decided - 1)
 
 		if live, err = r.pruneHedges(live, settled); err != nil {
 			cancel()

@@ -138,6 +138,8 @@ type pairConfig struct {
 	// hedgeDepth deep, every blind draft of probability under hedgeBelow.
 	hedges, hedgeDepth int
 	hedgeBelow         float64
+	// sources: the device asks for the answer's sources.
+	sources bool
 }
 
 // runPair runs a device and a cloud side against each other and returns
@@ -166,8 +168,13 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 			Self: side, SessionID: 9, Sync: c.sync, Owner: side == aggregator.Device, Sampling: c.sampling,
 			MaxTokens: c.maxTokens, Aggregator: c.first, SwitchEvery: c.switchEvery, PingEvery: 5 * time.Millisecond,
 			Blind: c.blind, Strategy: c.strategy, Confidence: c.confidence,
-			Hedges: c.hedges, HedgeDepth: c.hedgeDepth, HedgeBelow: c.hedgeBelow,
+			Hedges: c.hedges, HedgeDepth: c.hedgeDepth, HedgeBelow: c.hedgeBelow, Sources: c.sources,
 		}
+	}
+	newDec := func(side aggregator.Side, call time.Duration) *decoder.Decoder {
+		d := newDecoderHedged(t, side, c.spec, call, c.hedges)
+		d.SetEvidence(c.sources)
+		return d
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -176,10 +183,10 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDecoderHedged(t, aggregator.Cloud, c.spec, c.cloudCall, c.hedges), query, cloudPassages, cldConn, nil)
+		cld, cloudErr = Run(ctx, opts(aggregator.Cloud), newDec(aggregator.Cloud, c.cloudCall), query, cloudPassages, cldConn, nil)
 	}()
 	var emitted []engine.Token
-	dev, err := Run(ctx, opts(aggregator.Device), newDecoderHedged(t, aggregator.Device, c.spec, c.deviceCall, c.hedges), query, devicePassages, devConn,
+	dev, err := Run(ctx, opts(aggregator.Device), newDec(aggregator.Device, c.deviceCall), query, devicePassages, devConn,
 		func(step int, tok engine.Token) (bool, error) {
 			require.Equal(t, len(emitted), step)
 			emitted = append(emitted, tok)
@@ -352,7 +359,7 @@ func TestBaselineModes(t *testing.T) {
 
 	t.Run("context", func(t *testing.T) {
 		sum := runModes(t, func(c Conn) (Summary, error) {
-			ps, _, err := FetchPassages(ctx, c)
+			ps, _, err := FetchPassages(ctx, NewInbox(ctx, c))
 			if err != nil {
 				return Summary{}, err
 			}
@@ -360,7 +367,7 @@ func TestBaselineModes(t *testing.T) {
 			all := append(append([]decoder.Passage(nil), devicePassages...), ps...)
 			return Local(ctx, opts(aggregator.Device), newDecoder(t, aggregator.Device, true), Input{Query: query, Passages: all, Context: true}, nil)
 		}, func(c Conn) error {
-			return ServePassages(ctx, 4, cloudPassages, c)
+			return ServePassages(ctx, opts(aggregator.Cloud), newDecoder(t, aggregator.Cloud, false), cloudPassages, c)
 		})
 		all := append(append([]decoder.Passage(nil), devicePassages...), cloudPassages...)
 		assert.Equal(t, local(aggregator.Device, all, true), sum.Tokens)
@@ -368,7 +375,7 @@ func TestBaselineModes(t *testing.T) {
 
 	t.Run("kv", func(t *testing.T) {
 		sum := runModes(t, func(c Conn) (Summary, error) {
-			imported, n, err := FetchKV(ctx, c, copier.Vocab)
+			imported, n, err := FetchKV(ctx, NewInbox(ctx, c), copier.Vocab)
 			if err != nil {
 				return Summary{}, err
 			}

@@ -26,7 +26,7 @@ type remoteAsk struct {
 	cloudPassages, switchEvery                   int
 	hedges, hedgeDepth                           int
 	codecTopP                                    float64
-	asJSON                                       bool
+	asJSON, noSources                            bool
 	stop                                         []string
 	grpc                                         wire.Config
 	// From the shared ask flags.
@@ -48,22 +48,25 @@ func (r *remoteAsk) register(cmd *cobra.Command) {
 	f.StringVar(&r.system, "system", "", "with --device: system message")
 	f.StringArrayVar(&r.stop, "stop", nil, "with --device: stop string (repeatable)")
 	f.StringVar(&r.trace, "trace", "", "with --device: write the decoding/acceptance trace here (for dragon bench sched --trace)")
-	f.BoolVar(&r.asJSON, "json", false, "with --device: print the answer's summary as one JSON object on stdout (the answer streams to stderr)")
+	f.BoolVar(&r.asJSON, "json", false, "with --device: print the answer's summary and sources as one JSON object on stdout (the answer streams to stderr)")
+	f.BoolVar(&r.noSources, "no-sources", false, "with --device: leave the answer's sources out (the sides then keep no evidence of it)")
 	r.grpc.RegisterFlags(f, "device-")
 }
 
-// askSummary is what --json prints: the answer and the device's summary of
-// it, as the OpenAI front end's "dragon" object has it.
+// askSummary is what --json prints: the answer, the device's summary of
+// it as the OpenAI front end's "dragon" object has it, and its sources as
+// the OpenAI front end's "sources".
 type askSummary struct {
 	Text string `json:"text"`
 	device.SummaryJSON
+	Sources []device.SourceJSON `json:"sources"`
 }
 
 func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) {
 	req := &dragonv1.GenerateRequest{
 		Prompt: question, System: r.system, PassagesDevice: uint32(max(r.k, 0)), PassagesCloud: uint32(max(r.cloudPassages, 0)),
 		CodecTopP: float32(r.codecTopP), SwitchEvery: uint32(max(r.switchEvery, 0)), RecordTrace: r.trace != "",
-		MaxHedges: uint32(max(r.hedges, 0)), HedgeDepth: uint32(max(r.hedgeDepth, 0)),
+		MaxHedges: uint32(max(r.hedges, 0)), HedgeDepth: uint32(max(r.hedgeDepth, 0)), OmitSources: r.noSources,
 		Sampling: &dragonv1.SamplingParams{
 			Temperature: float32(r.sampling.Temperature), TopK: uint32(max(r.sampling.TopK, 0)), TopP: float32(r.sampling.TopP),
 			MinP: float32(r.sampling.MinP), RepetitionPenalty: float32(r.sampling.RepeatPenalty), Seed: r.sampling.Seed,
@@ -143,12 +146,49 @@ func (r *remoteAsk) ask(cmd *cobra.Command, question string) error {
 	if r.asJSON {
 		return writeJSON(cmd.OutOrStdout(), out)
 	}
+	if !r.noSources {
+		fmt.Fprint(cmd.OutOrStdout(), sourcesList(out.Sources, out.SourcesPartial))
+	}
 	fmt.Fprintln(cmd.ErrOrStderr(), summaryLine(out.SummaryJSON))
 	return nil
 }
 
 func summaryJSON(s *dragonv1.GenerateSummary) askSummary {
-	return askSummary{Text: s.GetText(), SummaryJSON: device.NewSummaryJSON(s)}
+	return askSummary{Text: s.GetText(), SummaryJSON: device.NewSummaryJSON(s), Sources: device.NewSourcesJSON(s)}
+}
+
+// sourcesList is the numbered list of an answer's sources people read
+// after it: largest share first, each with its side, share, title, where
+// it is, and the start of its text.
+func sourcesList(list []device.SourceJSON, partial bool) string {
+	if len(list) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\nSources (share of the answer):\n")
+	for i, e := range list {
+		fmt.Fprintf(&b, "%2d. [%s %4.1f%%] %s", i+1, e.Side, 100*e.Share, e.Title)
+		if !e.ClosedBook {
+			fmt.Fprintf(&b, " — %s", e.Source)
+		}
+		var about []string
+		for _, k := range []string{"from", "date", "page"} {
+			if v := e.Metadata[k]; v != "" {
+				about = append(about, k+" "+v)
+			}
+		}
+		if len(about) > 0 {
+			fmt.Fprintf(&b, " (%s)", strings.Join(about, ", "))
+		}
+		b.WriteString("\n")
+		if e.Excerpt != "" {
+			fmt.Fprintf(&b, "    “%s”\n", e.Excerpt)
+		}
+	}
+	if partial {
+		b.WriteString("    (the cloud's passages are missing: it failed or did not send them)\n")
+	}
+	return b.String()
 }
 
 // summaryLine is the summary people read after the answer.

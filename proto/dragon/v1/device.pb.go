@@ -124,8 +124,12 @@ type GenerateRequest struct {
 	// side may have open, and their branches' depth; 0 turns them off. Each
 	// side hedges within these limits as far as its measured costs say it
 	// pays.
-	MaxHedges     uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
-	HedgeDepth    uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	MaxHedges  uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
+	HedgeDepth uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	// Leave the answer's sources out of the summary (they are on by
+	// default). Sources change no answer; off, neither side keeps its
+	// passages' evidence.
+	OmitSources   bool `protobuf:"varint,17,opt,name=omit_sources,json=omitSources,proto3" json:"omit_sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -270,6 +274,13 @@ func (x *GenerateRequest) GetHedgeDepth() uint32 {
 		return x.HedgeDepth
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetOmitSources() bool {
+	if x != nil {
+		return x.OmitSources
+	}
+	return false
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -502,8 +513,14 @@ type GenerateSummary struct {
 	HedgesCloud     uint64 `protobuf:"varint,38,opt,name=hedges_cloud,json=hedgesCloud,proto3" json:"hedges_cloud,omitempty"`
 	HedgeHitsDevice uint64 `protobuf:"varint,39,opt,name=hedge_hits_device,json=hedgeHitsDevice,proto3" json:"hedge_hits_device,omitempty"`
 	HedgeHitsCloud  uint64 `protobuf:"varint,40,opt,name=hedge_hits_cloud,json=hedgeHitsCloud,proto3" json:"hedge_hits_cloud,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The passages the answer was decoded over, both sides', largest share
+	// first (GenerateRequest.omit_sources leaves them out).
+	Sources []*Source `protobuf:"bytes,41,rep,name=sources,proto3" json:"sources,omitempty"`
+	// Some passages the answer used are missing from sources: the cloud's,
+	// when it failed or did not send them.
+	SourcesPartial bool `protobuf:"varint,42,opt,name=sources_partial,json=sourcesPartial,proto3" json:"sources_partial,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateSummary) Reset() {
@@ -814,6 +831,20 @@ func (x *GenerateSummary) GetHedgeHitsCloud() uint64 {
 		return x.HedgeHitsCloud
 	}
 	return 0
+}
+
+func (x *GenerateSummary) GetSources() []*Source {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *GenerateSummary) GetSourcesPartial() bool {
+	if x != nil {
+		return x.SourcesPartial
+	}
+	return false
 }
 
 // Trace records a generation for the scheduling simulator.
@@ -1194,7 +1225,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xfe\x04\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa1\x05\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1216,7 +1247,8 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
 	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
-	"hedgeDepth\"\x81\x01\n" +
+	"hedgeDepth\x12!\n" +
+	"\fomit_sources\x18\x11 \x01(\bR\vomitSources\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
@@ -1226,7 +1258,7 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
 	"\x06tokens\x18\x02 \x03(\x05R\x06tokens\x12\x12\n" +
 	"\x04text\x18\x03 \x01(\tR\x04text\x12\x1a\n" +
-	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xe9\x0e\n" +
+	"\bfallback\x18\x04 \x01(\bR\bfallback\"\xbf\x0f\n" +
 	"\x0fGenerateSummary\x12<\n" +
 	"\rfinish_reason\x18\x01 \x01(\x0e2\x17.dragon.v1.FinishReasonR\ffinishReason\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x16\n" +
@@ -1269,7 +1301,9 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\rhedges_device\x18% \x01(\x04R\fhedgesDevice\x12!\n" +
 	"\fhedges_cloud\x18& \x01(\x04R\vhedgesCloud\x12*\n" +
 	"\x11hedge_hits_device\x18' \x01(\x04R\x0fhedgeHitsDevice\x12(\n" +
-	"\x10hedge_hits_cloud\x18( \x01(\x04R\x0ehedgeHitsCloud\"\xa1\x01\n" +
+	"\x10hedge_hits_cloud\x18( \x01(\x04R\x0ehedgeHitsCloud\x12+\n" +
+	"\asources\x18) \x03(\v2\x11.dragon.v1.SourceR\asources\x12'\n" +
+	"\x0fsources_partial\x18* \x01(\bR\x0esourcesPartial\"\xa1\x01\n" +
 	"\x05Trace\x12(\n" +
 	"\x10decode_ms_device\x18\x01 \x03(\x01R\x0edecodeMsDevice\x12&\n" +
 	"\x0fdecode_ms_cloud\x18\x02 \x03(\x01R\rdecodeMsCloud\x12#\n" +
@@ -1343,6 +1377,7 @@ var file_dragon_v1_device_proto_goTypes = []any{
 	(Side)(0),                   // 13: dragon.v1.Side
 	(*ChatTurn)(nil),            // 14: dragon.v1.ChatTurn
 	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
+	(*Source)(nil),              // 16: dragon.v1.Source
 }
 var file_dragon_v1_device_proto_depIdxs = []int32{
 	10, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
@@ -1360,21 +1395,22 @@ var file_dragon_v1_device_proto_depIdxs = []int32{
 	15, // 12: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
 	15, // 13: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
 	5,  // 14: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
-	15, // 15: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	15, // 16: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
-	15, // 17: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
-	15, // 18: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
-	1,  // 19: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
-	6,  // 20: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
-	8,  // 21: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
-	2,  // 22: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
-	7,  // 23: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
-	9,  // 24: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
-	22, // [22:25] is the sub-list for method output_type
-	19, // [19:22] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	16, // 15: dragon.v1.GenerateSummary.sources:type_name -> dragon.v1.Source
+	15, // 16: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	15, // 17: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
+	15, // 18: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
+	15, // 19: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
+	1,  // 20: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
+	6,  // 21: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
+	8,  // 22: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
+	2,  // 23: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
+	7,  // 24: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
+	9,  // 25: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
+	23, // [23:26] is the sub-list for method output_type
+	20, // [20:23] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_device_proto_init() }

@@ -282,6 +282,7 @@ type PeerMessage struct {
 	//	*PeerMessage_Scores
 	//	*PeerMessage_Tokens
 	//	*PeerMessage_Kv
+	//	*PeerMessage_Sources
 	Kind          isPeerMessage_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -450,6 +451,15 @@ func (x *PeerMessage) GetKv() *KVChunk {
 	return nil
 }
 
+func (x *PeerMessage) GetSources() *Sources {
+	if x != nil {
+		if x, ok := x.Kind.(*PeerMessage_Sources); ok {
+			return x.Sources
+		}
+	}
+	return nil
+}
+
 type isPeerMessage_Kind interface {
 	isPeerMessage_Kind()
 }
@@ -510,6 +520,10 @@ type PeerMessage_Kv struct {
 	Kv *KVChunk `protobuf:"bytes,14,opt,name=kv,proto3,oneof"`
 }
 
+type PeerMessage_Sources struct {
+	Sources *Sources `protobuf:"bytes,15,opt,name=sources,proto3,oneof"`
+}
+
 func (*PeerMessage_Hello) isPeerMessage_Kind() {}
 
 func (*PeerMessage_Begin) isPeerMessage_Kind() {}
@@ -537,6 +551,8 @@ func (*PeerMessage_Scores) isPeerMessage_Kind() {}
 func (*PeerMessage_Tokens) isPeerMessage_Kind() {}
 
 func (*PeerMessage_Kv) isPeerMessage_Kind() {}
+
+func (*PeerMessage_Sources) isPeerMessage_Kind() {}
 
 // Hello is the first message each way. A side refuses a peer whose protocol
 // version or model fingerprint differs from its own (FAILED_PRECONDITION):
@@ -843,8 +859,12 @@ type Begin struct {
 	// once, and the most drafts of each one's branch. 0 turns hedging off;
 	// it needs shared drafts (not blind_drafts). Each side decides for
 	// itself whether and what to hedge within these limits.
-	MaxHedges     uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
-	HedgeDepth    uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	MaxHedges  uint32 `protobuf:"varint,15,opt,name=max_hedges,json=maxHedges,proto3" json:"max_hedges,omitempty"`
+	HedgeDepth uint32 `protobuf:"varint,16,opt,name=hedge_depth,json=hedgeDepth,proto3" json:"hedge_depth,omitempty"`
+	// The device wants the answer's sources: the cloud keeps its passages'
+	// evidence of the answer and, after the device's Cancel, sends its
+	// Sources. Nothing of the device's own sources ever crosses.
+	Sources       bool `protobuf:"varint,17,opt,name=sources,proto3" json:"sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -989,6 +1009,13 @@ func (x *Begin) GetHedgeDepth() uint32 {
 		return x.HedgeDepth
 	}
 	return 0
+}
+
+func (x *Begin) GetSources() bool {
+	if x != nil {
+		return x.Sources
+	}
+	return false
 }
 
 // ChatTurn is one earlier turn of a conversation.
@@ -1683,9 +1710,15 @@ func (x *Pong) GetSentUnixNano() int64 {
 // Cancel ends a generation (the answer is complete, the user cancelled,
 // ...). The device sends it last.
 type Cancel struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Reason    string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The answer's decided tokens, the end token included when the answer
+	// ended with it, in modes where the cloud saw them decided (Begin.sources
+	// only): the cloud's evidence of each of its passages is taken over
+	// exactly these. Empty where the answer was decoded on the device alone
+	// (context and KV baselines): it must not cross.
+	Answer        []int32 `protobuf:"varint,3,rep,packed,name=answer,proto3" json:"answer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1734,6 +1767,243 @@ func (x *Cancel) GetReason() string {
 	return ""
 }
 
+func (x *Cancel) GetAnswer() []int32 {
+	if x != nil {
+		return x.Answer
+	}
+	return nil
+}
+
+// Sources are the cloud's passages an answer was decoded over, sent once
+// after the device's Cancel when Begin.sources asked for them.
+type Sources struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     uint64                 `protobuf:"varint,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Sources       []*Source              `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Sources) Reset() {
+	*x = Sources{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Sources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Sources) ProtoMessage() {}
+
+func (x *Sources) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Sources.ProtoReflect.Descriptor instead.
+func (*Sources) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Sources) GetSessionId() uint64 {
+	if x != nil {
+		return x.SessionId
+	}
+	return 0
+}
+
+func (x *Sources) GetSources() []*Source {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// Source is one passage an answer rests on, as every surface shows it
+// (GenerateSummary.sources, the OpenAI API's sources, dragon ask). A
+// device's sources are made and shown on the device only.
+type Source struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Side  Side                   `protobuf:"varint,1,opt,name=side,proto3,enum=dragon.v1.Side" json:"side,omitempty"`
+	// Stable id of the passage's document (from its source name).
+	DocumentId string `protobuf:"bytes,2,opt,name=document_id,json=documentId,proto3" json:"document_id,omitempty"`
+	// The index's id of the passage.
+	PassageId uint64 `protobuf:"varint,3,opt,name=passage_id,json=passageId,proto3" json:"passage_id,omitempty"`
+	// Where the document is: a path, path#N for message N of an mbox, a URL.
+	Source string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	// The mail's subject, the document's title, else the file's name.
+	Title string `protobuf:"bytes,5,opt,name=title,proto3" json:"title,omitempty"`
+	// From, date, page and the like, where the document has them.
+	Metadata map[string]string `protobuf:"bytes,6,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The passage's place in its document: byte offsets of its text.
+	Start uint64 `protobuf:"varint,7,opt,name=start,proto3" json:"start,omitempty"`
+	End   uint64 `protobuf:"varint,8,opt,name=end,proto3" json:"end,omitempty"`
+	// Relevance R(d) the retriever (or re-ranker) gave it.
+	Score float64 `protobuf:"fixed64,9,opt,name=score,proto3" json:"score,omitempty"`
+	// Its weight in the mixture before any token, η_side·ω(d):
+	// e^R(d) over the sum over both sides' passages.
+	Weight float64 `protobuf:"fixed64,10,opt,name=weight,proto3" json:"weight,omitempty"`
+	// Its share of the answer: the mixture's posterior given the answer,
+	// p(d | answer) ∝ η_side·ω(d)·Π_t p(x_t | d, x_<t). Shares of one
+	// answer sum to 1.
+	Share float64 `protobuf:"fixed64,11,opt,name=share,proto3" json:"share,omitempty"`
+	// Σ_t log p(x_t | d, x_<t) over the answer's decided tokens, in nats;
+	// 0 with has_evidence false.
+	LogLikelihood float64 `protobuf:"fixed64,12,opt,name=log_likelihood,json=logLikelihood,proto3" json:"log_likelihood,omitempty"`
+	HasEvidence   bool    `protobuf:"varint,13,opt,name=has_evidence,json=hasEvidence,proto3" json:"has_evidence,omitempty"`
+	// The start of the passage's text (at most 300 characters).
+	Excerpt string `protobuf:"bytes,14,opt,name=excerpt,proto3" json:"excerpt,omitempty"`
+	// The closed-book document: the question alone, the model's own
+	// knowledge, weighed like a passage.
+	ClosedBook    bool `protobuf:"varint,15,opt,name=closed_book,json=closedBook,proto3" json:"closed_book,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Source) Reset() {
+	*x = Source{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Source) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Source) ProtoMessage() {}
+
+func (x *Source) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Source.ProtoReflect.Descriptor instead.
+func (*Source) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Source) GetSide() Side {
+	if x != nil {
+		return x.Side
+	}
+	return Side_SIDE_UNSPECIFIED
+}
+
+func (x *Source) GetDocumentId() string {
+	if x != nil {
+		return x.DocumentId
+	}
+	return ""
+}
+
+func (x *Source) GetPassageId() uint64 {
+	if x != nil {
+		return x.PassageId
+	}
+	return 0
+}
+
+func (x *Source) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *Source) GetTitle() string {
+	if x != nil {
+		return x.Title
+	}
+	return ""
+}
+
+func (x *Source) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *Source) GetStart() uint64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *Source) GetEnd() uint64 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
+func (x *Source) GetScore() float64 {
+	if x != nil {
+		return x.Score
+	}
+	return 0
+}
+
+func (x *Source) GetWeight() float64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Source) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *Source) GetLogLikelihood() float64 {
+	if x != nil {
+		return x.LogLikelihood
+	}
+	return 0
+}
+
+func (x *Source) GetHasEvidence() bool {
+	if x != nil {
+		return x.HasEvidence
+	}
+	return false
+}
+
+func (x *Source) GetExcerpt() string {
+	if x != nil {
+		return x.Excerpt
+	}
+	return ""
+}
+
+func (x *Source) GetClosedBook() bool {
+	if x != nil {
+		return x.ClosedBook
+	}
+	return false
+}
+
 // Error reports a failure before the sender closes the stream.
 type Error struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1747,7 +2017,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +2029,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +2042,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Error) GetSessionId() uint64 {
@@ -1807,7 +2077,7 @@ type Passages struct {
 
 func (x *Passages) Reset() {
 	*x = Passages{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1819,7 +2089,7 @@ func (x *Passages) String() string {
 func (*Passages) ProtoMessage() {}
 
 func (x *Passages) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1832,7 +2102,7 @@ func (x *Passages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passages.ProtoReflect.Descriptor instead.
 func (*Passages) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Passages) GetSessionId() uint64 {
@@ -1862,7 +2132,7 @@ type Passage struct {
 
 func (x *Passage) Reset() {
 	*x = Passage{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1874,7 +2144,7 @@ func (x *Passage) String() string {
 func (*Passage) ProtoMessage() {}
 
 func (x *Passage) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1887,7 +2157,7 @@ func (x *Passage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passage.ProtoReflect.Descriptor instead.
 func (*Passage) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Passage) GetText() string {
@@ -1925,7 +2195,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2207,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2220,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Candidate) GetSessionId() uint64 {
@@ -1995,7 +2265,7 @@ type CandidateScores struct {
 
 func (x *CandidateScores) Reset() {
 	*x = CandidateScores{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2277,7 @@ func (x *CandidateScores) String() string {
 func (*CandidateScores) ProtoMessage() {}
 
 func (x *CandidateScores) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2290,7 @@ func (x *CandidateScores) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateScores.ProtoReflect.Descriptor instead.
 func (*CandidateScores) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CandidateScores) GetSessionId() uint64 {
@@ -2061,7 +2331,7 @@ type Tokens struct {
 
 func (x *Tokens) Reset() {
 	*x = Tokens{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2343,7 @@ func (x *Tokens) String() string {
 func (*Tokens) ProtoMessage() {}
 
 func (x *Tokens) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2356,7 @@ func (x *Tokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
 func (*Tokens) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Tokens) GetSessionId() uint64 {
@@ -2145,7 +2415,7 @@ type KVChunk struct {
 
 func (x *KVChunk) Reset() {
 	*x = KVChunk{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[20]
+	mi := &file_dragon_v1_peer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2427,7 @@ func (x *KVChunk) String() string {
 func (*KVChunk) ProtoMessage() {}
 
 func (x *KVChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[20]
+	mi := &file_dragon_v1_peer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2440,7 @@ func (x *KVChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVChunk.ProtoReflect.Descriptor instead.
 func (*KVChunk) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{20}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KVChunk) GetSessionId() uint64 {
@@ -2226,7 +2496,7 @@ var File_dragon_v1_peer_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x14dragon/v1/peer.proto\x12\tdragon.v1\"\x93\x05\n" +
+	"\x14dragon/v1/peer.proto\x12\tdragon.v1\"\xc3\x05\n" +
 	"\vPeerMessage\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.dragon.v1.HelloH\x00R\x05hello\x12(\n" +
 	"\x05begin\x18\x02 \x01(\v2\x10.dragon.v1.BeginH\x00R\x05begin\x12+\n" +
@@ -2242,7 +2512,8 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\tcandidate\x18\v \x01(\v2\x14.dragon.v1.CandidateH\x00R\tcandidate\x124\n" +
 	"\x06scores\x18\f \x01(\v2\x1a.dragon.v1.CandidateScoresH\x00R\x06scores\x12+\n" +
 	"\x06tokens\x18\r \x01(\v2\x11.dragon.v1.TokensH\x00R\x06tokens\x12$\n" +
-	"\x02kv\x18\x0e \x01(\v2\x12.dragon.v1.KVChunkH\x00R\x02kvB\x06\n" +
+	"\x02kv\x18\x0e \x01(\v2\x12.dragon.v1.KVChunkH\x00R\x02kv\x12.\n" +
+	"\asources\x18\x0f \x01(\v2\x12.dragon.v1.SourcesH\x00R\asourcesB\x06\n" +
 	"\x04kind\"\xf7\x01\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12+\n" +
@@ -2267,7 +2538,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xee\x04\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\x88\x05\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2290,7 +2561,8 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
-	"hedgeDepth\"M\n" +
+	"hedgeDepth\x12\x18\n" +
+	"\asources\x18\x11 \x01(\bR\asources\"M\n" +
 	"\bChatTurn\x12'\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
@@ -2350,11 +2622,39 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04Pong\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12-\n" +
 	"\x13ping_sent_unix_nano\x18\x02 \x01(\x03R\x10pingSentUnixNano\x12$\n" +
-	"\x0esent_unix_nano\x18\x03 \x01(\x03R\fsentUnixNano\"?\n" +
+	"\x0esent_unix_nano\x18\x03 \x01(\x03R\fsentUnixNano\"W\n" +
 	"\x06Cancel\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"T\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06answer\x18\x03 \x03(\x05R\x06answer\"U\n" +
+	"\aSources\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\x04R\tsessionId\x12+\n" +
+	"\asources\x18\x02 \x03(\v2\x11.dragon.v1.SourceR\asources\"\x86\x04\n" +
+	"\x06Source\x12#\n" +
+	"\x04side\x18\x01 \x01(\x0e2\x0f.dragon.v1.SideR\x04side\x12\x1f\n" +
+	"\vdocument_id\x18\x02 \x01(\tR\n" +
+	"documentId\x12\x1d\n" +
+	"\n" +
+	"passage_id\x18\x03 \x01(\x04R\tpassageId\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x14\n" +
+	"\x05title\x18\x05 \x01(\tR\x05title\x12;\n" +
+	"\bmetadata\x18\x06 \x03(\v2\x1f.dragon.v1.Source.MetadataEntryR\bmetadata\x12\x14\n" +
+	"\x05start\x18\a \x01(\x04R\x05start\x12\x10\n" +
+	"\x03end\x18\b \x01(\x04R\x03end\x12\x14\n" +
+	"\x05score\x18\t \x01(\x01R\x05score\x12\x16\n" +
+	"\x06weight\x18\n" +
+	" \x01(\x01R\x06weight\x12\x14\n" +
+	"\x05share\x18\v \x01(\x01R\x05share\x12%\n" +
+	"\x0elog_likelihood\x18\f \x01(\x01R\rlogLikelihood\x12!\n" +
+	"\fhas_evidence\x18\r \x01(\bR\vhasEvidence\x12\x18\n" +
+	"\aexcerpt\x18\x0e \x01(\tR\aexcerpt\x12\x1f\n" +
+	"\vclosed_book\x18\x0f \x01(\bR\n" +
+	"closedBook\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
 	"\x05Error\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x12\n" +
@@ -2435,7 +2735,7 @@ func file_dragon_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_dragon_v1_peer_proto_goTypes = []any{
 	(Side)(0),               // 0: dragon.v1.Side
 	(Mode)(0),               // 1: dragon.v1.Mode
@@ -2455,13 +2755,16 @@ var file_dragon_v1_peer_proto_goTypes = []any{
 	(*Ping)(nil),            // 15: dragon.v1.Ping
 	(*Pong)(nil),            // 16: dragon.v1.Pong
 	(*Cancel)(nil),          // 17: dragon.v1.Cancel
-	(*Error)(nil),           // 18: dragon.v1.Error
-	(*Passages)(nil),        // 19: dragon.v1.Passages
-	(*Passage)(nil),         // 20: dragon.v1.Passage
-	(*Candidate)(nil),       // 21: dragon.v1.Candidate
-	(*CandidateScores)(nil), // 22: dragon.v1.CandidateScores
-	(*Tokens)(nil),          // 23: dragon.v1.Tokens
-	(*KVChunk)(nil),         // 24: dragon.v1.KVChunk
+	(*Sources)(nil),         // 18: dragon.v1.Sources
+	(*Source)(nil),          // 19: dragon.v1.Source
+	(*Error)(nil),           // 20: dragon.v1.Error
+	(*Passages)(nil),        // 21: dragon.v1.Passages
+	(*Passage)(nil),         // 22: dragon.v1.Passage
+	(*Candidate)(nil),       // 23: dragon.v1.Candidate
+	(*CandidateScores)(nil), // 24: dragon.v1.CandidateScores
+	(*Tokens)(nil),          // 25: dragon.v1.Tokens
+	(*KVChunk)(nil),         // 26: dragon.v1.KVChunk
+	nil,                     // 27: dragon.v1.Source.MetadataEntry
 }
 var file_dragon_v1_peer_proto_depIdxs = []int32{
 	5,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
@@ -2472,33 +2775,37 @@ var file_dragon_v1_peer_proto_depIdxs = []int32{
 	15, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
 	16, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
 	17, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
-	18, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
-	19, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
-	21, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
-	22, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
-	23, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
-	24, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
-	0,  // 14: dragon.v1.Hello.side:type_name -> dragon.v1.Side
-	6,  // 15: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
-	7,  // 16: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
-	1,  // 17: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
-	0,  // 18: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
-	2,  // 19: dragon.v1.Begin.strategy:type_name -> dragon.v1.Strategy
-	9,  // 20: dragon.v1.Begin.history:type_name -> dragon.v1.ChatTurn
-	3,  // 21: dragon.v1.ChatTurn.role:type_name -> dragon.v1.ChatRole
-	11, // 22: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
-	0,  // 23: dragon.v1.Draft.side:type_name -> dragon.v1.Side
-	13, // 24: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
-	11, // 25: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
-	20, // 26: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
-	0,  // 27: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
-	4,  // 28: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
-	4,  // 29: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	20, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
+	21, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
+	23, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
+	24, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
+	25, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
+	26, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
+	18, // 14: dragon.v1.PeerMessage.sources:type_name -> dragon.v1.Sources
+	0,  // 15: dragon.v1.Hello.side:type_name -> dragon.v1.Side
+	6,  // 16: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
+	7,  // 17: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
+	1,  // 18: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
+	0,  // 19: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
+	2,  // 20: dragon.v1.Begin.strategy:type_name -> dragon.v1.Strategy
+	9,  // 21: dragon.v1.Begin.history:type_name -> dragon.v1.ChatTurn
+	3,  // 22: dragon.v1.ChatTurn.role:type_name -> dragon.v1.ChatRole
+	11, // 23: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
+	0,  // 24: dragon.v1.Draft.side:type_name -> dragon.v1.Side
+	13, // 25: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
+	11, // 26: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
+	19, // 27: dragon.v1.Sources.sources:type_name -> dragon.v1.Source
+	0,  // 28: dragon.v1.Source.side:type_name -> dragon.v1.Side
+	27, // 29: dragon.v1.Source.metadata:type_name -> dragon.v1.Source.MetadataEntry
+	22, // 30: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
+	0,  // 31: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
+	4,  // 32: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
+	4,  // 33: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
+	33, // [33:34] is the sub-list for method output_type
+	32, // [32:33] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_peer_proto_init() }
@@ -2521,6 +2828,7 @@ func file_dragon_v1_peer_proto_init() {
 		(*PeerMessage_Scores)(nil),
 		(*PeerMessage_Tokens)(nil),
 		(*PeerMessage_Kv)(nil),
+		(*PeerMessage_Sources)(nil),
 	}
 	file_dragon_v1_peer_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
@@ -2529,7 +2837,7 @@ func file_dragon_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_peer_proto_rawDesc), len(file_dragon_v1_peer_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
