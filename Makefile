@@ -143,8 +143,11 @@ vet: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # The whole suite, real model, corpora and their (BM25) indexes included,
-# race detector on, then short fuzz runs of the distribution decoder and of
-# the aggregator against a peer that sends anything.
+# race detector on; the privacy test's control, a build whose device sends
+# its own sources to the cloud on purpose, which the test must catch on
+# the link (session.LeaksSources); then short fuzz runs of the
+# distribution decoder and of the aggregator against a peer that sends
+# anything.
 # Each new interesting input is minimized for at most 2 s: at Go's default
 # of 60 s, minimizing the first few (payloads of kilobytes) took all but
 # 3 s of the decoder's 20: about 4,000 executions, against some 173,000
@@ -158,6 +161,7 @@ vet: deps
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
 test: deps model qwen embed-model rerank-model weaviate corpus index vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
+	$(GO) test -race -count=1 -tags dragon_leak_sources -run '^TestAnswerSourcesEndToEnd$$' ./cmd/dragon/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 300000x -fuzzminimizetime 2s ./codec/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeAgainstAPeer$$' -fuzztime 150000x -fuzzminimizetime 2s ./aggregator/
 	$(MAKE) deploy-check

@@ -404,6 +404,9 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 		if r.opts.Sources && err == nil {
 			r.sum.Evidence = evidence(ctx, r.opts, r.dec, r.targets)
 		}
+		if leakSources {
+			r.enqueue(sourcesMessage(r.opts.SessionID, Sources(r.opts.Self, passages, r.sum.Evidence)))
+		}
 	} else if err != nil && !errors.Is(err, io.EOF) {
 		r.enqueue(errorMessage(r.opts.SessionID, err))
 	} else if r.opts.Sources && r.cancel != nil {

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
@@ -262,4 +264,103 @@ func bigMeta(n int) map[string]string {
 		m[string(rune('a'+i))] = "v"
 	}
 	return m
+}
+
+// tapped is a Conn that keeps every message sent through it, marshalled.
+type tapped struct {
+	Conn
+	mu   sync.Mutex
+	sent [][]byte
+}
+
+func (t *tapped) Send(m *dragonv1.PeerMessage) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.sent = append(t.sent, b)
+	t.mu.Unlock()
+	return t.Conn.Send(m)
+}
+
+// crossed are the strings of secret found in what the tap saw sent.
+func (t *tapped) crossed(secret []string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var found []string
+	for _, s := range secret {
+		for _, b := range t.sent {
+			if bytes.Contains(b, []byte(s)) {
+				found = append(found, s)
+				break
+			}
+		}
+	}
+	return found
+}
+
+// cancelAnswer is the answer the tapped Cancel carried.
+func (t *tapped) cancelAnswer(tb testing.TB) []engine.Token {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, b := range t.sent {
+		var m dragonv1.PeerMessage
+		require.NoError(tb, proto.Unmarshal(b, &m))
+		if c := m.GetCancel(); c != nil {
+			return c.GetAnswer()
+		}
+	}
+	return nil
+}
+
+// TestNoDeviceSourceCrosses: with sources on, nothing the device sends
+// holds its passages' text, names, titles or metadata, though the device
+// ends with all of them; the control, a device that sends its sources on
+// purpose, is caught by the same tap.
+func TestNoDeviceSourceCrosses(t *testing.T) {
+	private := []decoder.Passage{
+		{Text: "From: Ann. The lamp at the harbour office is broken; call Bob at 555-0100.", Score: 2, Source: "/home/me/mail/inbox.mbox#12",
+			Meta: map[string]string{"subject": "Broken lamp at the office", "from": "Ann Example <ann@example.org>", "date": "Mon, 2 Sep 2002 10:00:00 +0100"}},
+		{Text: "From: Bob. Meeting moved to Friday at the lighthouse, bring the lamp.", Score: 1, Source: "/home/me/notes/meeting-friday.md",
+			Meta: map[string]string{"title": "Meeting notes, Friday"}},
+	}
+	var secret []string
+	for _, e := range Sources(aggregator.Device, private, nil) {
+		secret = append(secret, e.GetSource(), e.GetTitle(), e.GetExcerpt(), e.GetDocumentId())
+		for _, v := range e.GetMetadata() {
+			secret = append(secret, v)
+		}
+	}
+	for _, leak := range []bool{false, true} {
+		leakSources = leak
+		a, b := Pipe()
+		tap := &tapped{Conn: a}
+		opts := func(side aggregator.Side) Options {
+			return Options{Self: side, SessionID: 5, Owner: side == aggregator.Device, MaxTokens: 24, PingEvery: 5 * time.Millisecond, Sources: true}
+		}
+		dev, cld := newDecoder(t, aggregator.Device, true), newDecoder(t, aggregator.Cloud, true)
+		dev.SetEvidence(true)
+		cld.SetEvidence(true)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		done := make(chan error, 1)
+		go func() {
+			_, err := Run(ctx, opts(aggregator.Cloud), cld, query, cloudPassages, b, nil)
+			done <- err
+		}()
+		sum, err := Run(ctx, opts(aggregator.Device), dev, query, private, tap, nil)
+		require.NoError(t, err)
+		a.Close()
+		require.NoError(t, <-done)
+		cancel()
+		leakSources = false
+		require.Len(t, sum.Evidence, len(private), "the device knows its own sources")
+		require.Len(t, sum.PeerSources, len(cloudPassages))
+		require.Equal(t, decided(sum), tap.cancelAnswer(t), "the tap sees what the device sends: its Cancel with the answer")
+		if leak {
+			assert.NotEmpty(t, tap.crossed(secret), "the control: a device that sends its sources is caught")
+		} else {
+			assert.Empty(t, tap.crossed(secret), "nothing of the device's sources crosses")
+		}
+	}
 }

@@ -105,6 +105,7 @@ func TestSummaryJSONValues(t *testing.T) {
 		LowProbDraftsDevice: []uint64{1, 2, 3}, LowProbDraftsCloud: []uint64{4, 5, 6},
 		LowProbCaughtDevice: []uint64{0, 1, 2}, LowProbCaughtCloud: []uint64{1, 1, 3},
 		HedgesDevice: 5, HedgesCloud: 8, HedgeHitsDevice: 1, HedgeHitsCloud: 3,
+		Sources: []*dragonv1.Source{testSource()}, SourcesPartial: true,
 	}
 	fields := summaryFields()
 	for i := range fields.Len() {
@@ -160,15 +161,70 @@ func TestSummaryJSONValues(t *testing.T) {
 		{"hedges_cloud", 8.0},
 		{"hedge_hits_device", 1.0},
 		{"hedge_hits_cloud", 3.0},
+		{"sources_partial", true},
+		{"sources", []any{testSourceJSON}},
 	} {
 		assert.Equal(t, c.want, got[c.key], c.key)
 		delete(got, c.key)
 	}
 	assert.Empty(t, slices.Sorted(maps.Keys(got)), "keys the test does not check")
 
+	// The OpenAI API has the same summary as its "dragon" object, with the
+	// sources beside it.
 	want := asMap(t, summaryJSON(sum))
 	delete(want, "text")
+	delete(want, "sources")
 	assert.Equal(t, want, asMap(t, device.NewSummaryJSON(sum)), "the OpenAI \"dragon\" object")
+}
+
+// testSource is an entry of every field.
+func testSource() *dragonv1.Source {
+	return &dragonv1.Source{
+		Side: dragonv1.Side_SIDE_DEVICE, DocumentId: "00aa", PassageId: 42, Source: "/mail/inbox.mbox#3", Title: "Razor Agents 2.14 Released",
+		Metadata: map[string]string{"from": "Ann", "date": "Fri, 26 Jul 2002"}, Start: 10, End: 90, Score: 1.5, Weight: 0.25,
+		Share: 0.75, LogLikelihood: -12.5, HasEvidence: true, Excerpt: "Razor Agents 2.14 Released", ClosedBook: true,
+	}
+}
+
+// testSourceJSON is testSource as every surface shows it.
+var testSourceJSON = map[string]any{
+	"side": "device", "document_id": "00aa", "passage_id": 42.0, "source": "/mail/inbox.mbox#3", "title": "Razor Agents 2.14 Released",
+	"metadata": map[string]any{"from": "Ann", "date": "Fri, 26 Jul 2002"}, "start": 10.0, "end": 90.0, "score": 1.5, "weight": 0.25,
+	"share": 0.75, "log_likelihood": -12.5, "excerpt": "Razor Agents 2.14 Released", "closed_book": true,
+}
+
+// TestSourceFields: every field of a Source has its key in the JSON form,
+// and an entry without evidence has no log-likelihood there.
+func TestSourceFields(t *testing.T) {
+	fields := (&dragonv1.Source{}).ProtoReflect().Descriptor().Fields()
+	e := testSource()
+	for i := range fields.Len() {
+		require.True(t, e.ProtoReflect().Has(fields.Get(i)), "testSource leaves %s unset", fields.Get(i).Name())
+	}
+	got := asMap(t, device.NewSourcesJSON(&dragonv1.GenerateSummary{Sources: []*dragonv1.Source{e}})[0])
+	assert.Equal(t, testSourceJSON, got)
+	e.HasEvidence = false
+	got = asMap(t, device.NewSourcesJSON(&dragonv1.GenerateSummary{Sources: []*dragonv1.Source{e}})[0])
+	assert.NotContains(t, got, "log_likelihood")
+	assert.Equal(t, []device.SourceJSON{}, device.NewSourcesJSON(&dragonv1.GenerateSummary{}), "an empty list, not null")
+}
+
+// TestSourcesList: dragon ask's numbered list, largest share first as the
+// device sorted them, with where each is and the start of its text.
+func TestSourcesList(t *testing.T) {
+	list := []device.SourceJSON{
+		{Side: "device", Source: "/mail/a.eml", Title: "Razor Agents 2.14 Released", Share: 0.912, Metadata: map[string]string{"from": "Ann", "date": "Fri"}, Excerpt: "Razor Agents 2.14 Released"},
+		{Side: "cloud", Source: "sotu/2001.txt", Title: "2001.txt", Share: 0.0881},
+		{Side: "device", Title: "the model's own knowledge (closed book)", ClosedBook: true},
+	}
+	want := "\nSources (share of the answer):\n" +
+		" 1. [device 91.2%] Razor Agents 2.14 Released — /mail/a.eml (from Ann, date Fri)\n" +
+		"    “Razor Agents 2.14 Released”\n" +
+		" 2. [cloud  8.8%] 2001.txt — sotu/2001.txt\n" +
+		" 3. [device  0.0%] the model's own knowledge (closed book)\n"
+	assert.Equal(t, want, sourcesList(list, false))
+	assert.Contains(t, sourcesList(list, true), "the cloud's passages are missing")
+	assert.Empty(t, sourcesList(nil, false))
 }
 
 // TestSummaryLine: the human-readable summary tells a fallback and
