@@ -32,7 +32,7 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen rerank-model run-qwen index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen rerank-model run-qwen run-tiny index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -66,6 +66,8 @@ models/SmolLM2-135M-Instruct.Q4_1.gguf:
 # scripts/fetch-parts.sh. 0.47 + 1.07 GiB.
 QWEN_DEVICE := models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf
 QWEN_CLOUD := models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf
+# The demo corpora cut by the pair's tokenizer (make index-qwen).
+QWEN_INDEX := data/index-qwen
 export DRAGON_QWEN_DEVICE := $(CURDIR)/$(QWEN_DEVICE)
 export DRAGON_QWEN_CLOUD := $(CURDIR)/$(QWEN_CLOUD)
 qwen: $(QWEN_DEVICE) $(QWEN_CLOUD)
@@ -186,14 +188,27 @@ deploy-check:
 	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # The demo: a cloud daemon over the public corpus and a device daemon over
-# the private mailbox, each on its own core with one thread, answer one
-# question that needs both, with Speculative Aggregation; then both stop.
-# The demo indexes are BM25-only (seconds to build); `make index
-# INDEX_FLAGS=` adds dense vectors (an hour of embedding on 2 cores).
+# the private mailbox, each on its own core with one thread, in DRAGON's
+# model family (make qwen: the 0.5B on the device, the 1.5B on the
+# cloud), with the cross-encoder (make rerank-model) putting both sides'
+# passages on one scale of relevance; they answer three questions (one
+# from the mailbox, one from the public corpus, one needing both) with
+# Speculative Aggregation, each answer with its sources; then both stop.
+# These are the daemons' own defaults too (dragon cloud, dragon device).
+# QUESTION="..." asks that one instead. The demo indexes are BM25-only
+# (seconds to build); `make index-qwen INDEX_FLAGS=` adds dense vectors.
 INDEX_FLAGS ?= --dense=false
-QUESTION ?= What did my mail say about California electricity prices, and what did the president propose on energy?
-run: build model corpus index profile
-	@scripts/demo.sh "$(QUESTION)"
+QUESTION ?=
+run: build qwen rerank-model corpus index-qwen profile-qwen
+	@scripts/demo.sh $(if $(QUESTION),"$(QUESTION)")
+
+# The same demo with SmolLM2-135M-Instruct on both sides (the tests'
+# model, 98 MB) and the first stage's relevance: a quick look at the
+# protocol, whose answers are fluent but say little.
+run-tiny: build model corpus index profile
+	@DEVICE_MODEL=$(MODEL) CLOUD_MODEL=$(MODEL) DEVICE_INDEX=$(INDEX)/device CLOUD_INDEX=$(INDEX)/cloud \
+	  DEVICE_PROFILE=data/profile-device.json CLOUD_PROFILE=data/profile-cloud.json RERANK_MODEL= \
+	  scripts/demo.sh $(if $(QUESTION),"$(QUESTION)")
 
 # Each daemon's decoding-latency fit (dragon profile), measured on the core
 # and with the one thread make run gives it; the daemons send it to each
@@ -207,16 +222,8 @@ data/profile-cloud.json data/profile-device.json: $(MODEL) $(LLAMA)/BUILD | buil
 	pin=$$(command -v taskset >/dev/null && echo "taskset -c $$core"); \
 	$$pin bin/dragon profile --model $(MODEL) --threads 1 --out $@
 
-# DRAGON's model family as a pair: the 0.5B on the device, the 1.5B on the
-# cloud (make qwen), each profiled on its core, over the same demo corpora
-# cut by their tokenizer (data/index-qwen), answering make run's question.
-QWEN_INDEX := data/index-qwen
-run-qwen: build qwen corpus index-qwen profile-qwen
-	@DEVICE_MODEL=$(QWEN_DEVICE) CLOUD_MODEL=$(QWEN_CLOUD) \
-	  DEVICE_INDEX=$(QWEN_INDEX)/device CLOUD_INDEX=$(QWEN_INDEX)/cloud \
-	  DEVICE_PROFILE=data/profile-$(notdir $(basename $(QWEN_DEVICE))).json \
-	  CLOUD_PROFILE=data/profile-$(notdir $(basename $(QWEN_CLOUD))).json \
-	  scripts/demo.sh "$(QUESTION)"
+# make run's old name.
+run-qwen: run
 
 # index-qwen: in scripts/corpus.mk, beside make index.
 

@@ -1,11 +1,27 @@
 #!/usr/bin/env bash
 # make run: start a cloud and a device daemon on this machine (each pinned
-# to its own core when there are two, one thread each), ask one question
-# through the device, print the answer and its summary, and stop both
-# daemons whatever happens.
+# to its own core when there are two, one thread each), ask questions
+# through the device, print each answer with its sources and summary, and
+# stop both daemons whatever happens.
+#
+#   scripts/demo.sh [QUESTION...]
+#
+# Without questions it asks three over the demo corpora: one the mailbox
+# answers, one the public corpus answers, and one that needs both.
+# The daemons run with their own defaults (make run's: the Qwen pair, the
+# re-ranker) unless DEVICE_MODEL, CLOUD_MODEL, DEVICE_INDEX, CLOUD_INDEX,
+# DEVICE_PROFILE, CLOUD_PROFILE or RERANK_MODEL (empty: none) say
+# otherwise (make run-tiny).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-question=${1:?usage: scripts/demo.sh QUESTION}
+questions=("$@")
+if [ ${#questions[@]} -eq 0 ]; then
+  questions=(
+    "According to my mail, who took the lead over the computer Deep Fritz?"
+    "In the State of the Union, whom did President Bush direct to develop a national energy policy?"
+    "What did my mail say about California electricity prices, and what did the president direct his administration to develop on energy?"
+  )
+fi
 logs=$(mktemp -d)
 pids=()
 cleanup() {
@@ -28,8 +44,6 @@ wait_serving() {
   echo "the $1 daemon did not start:"; cat "$2"; exit 1
 }
 
-# Each daemon's model, index and profile: make run's defaults unless set
-# (make run-qwen sets them for the Qwen pair).
 cloud_args=() device_args=()
 [ -n "${CLOUD_MODEL:-}" ] && cloud_args+=(--model "$CLOUD_MODEL")
 [ -n "${CLOUD_INDEX:-}" ] && cloud_args+=(--index "$CLOUD_INDEX")
@@ -37,6 +51,10 @@ cloud_args=() device_args=()
 [ -n "${DEVICE_MODEL:-}" ] && device_args+=(--model "$DEVICE_MODEL")
 [ -n "${DEVICE_INDEX:-}" ] && device_args+=(--index "$DEVICE_INDEX")
 [ -n "${DEVICE_PROFILE:-}" ] && device_args+=(--profile "$DEVICE_PROFILE")
+if [ -n "${RERANK_MODEL+set}" ]; then
+  cloud_args+=(--rerank-model "$RERANK_MODEL")
+  device_args+=(--rerank-model "$RERANK_MODEL")
+fi
 
 $(pin 0) bin/dragon cloud "${cloud_args[@]}" >"$logs/cloud.log" 2>&1 &
 pids+=($!)
@@ -45,5 +63,8 @@ $(pin 1) bin/dragon device "${device_args[@]}" >"$logs/device.log" 2>&1 &
 pids+=($!)
 wait_serving device "$logs/device.log"
 
-echo "Q: $question"
-bin/dragon ask --device 127.0.0.1:7071 "$question"
+for q in "${questions[@]}"; do
+  echo
+  echo "Q: $q"
+  bin/dragon ask --device 127.0.0.1:7071 "$q"
+done

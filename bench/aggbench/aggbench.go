@@ -146,7 +146,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
 	}
-	common := append([]string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
+	// Relevance is the first stage's unless DaemonFlags ask for a
+	// re-ranker (the daemons' default has one).
+	common := append([]string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages), "--rerank-model", ""}, o.DaemonFlags...)
 	cloudModel := cmp.Or(o.CloudModel, o.Model)
 	cloud, err := StartDaemon("cloud", "0", o.Env, append([]string{o.Binary, "cloud", "--model", cloudModel, "--index", o.CloudIndex,
 		"--profile", cmp.Or(o.CloudProfile, "data/profile-cloud.json")}, common...)...)

@@ -123,7 +123,7 @@ func RunTTFT(ctx context.Context, o TTFTOptions) (TTFTResult, error) {
 // link), with their KV caches at the defaults, and asks the questions
 // cold and warm.
 func runConfig(ctx context.Context, o TTFTOptions, cfg Config) (p Pass, err error) {
-	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages)}, o.DaemonFlags...)
+	common := append([]string{"--model", o.Model, "--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", strconv.Itoa(o.Passages), "--rerank-model", ""}, o.DaemonFlags...)
 	cloud, err := aggbench.StartDaemon("cloud", o.CloudCores, o.Env, append([]string{o.Binary, "cloud", "--index", o.CloudIndex, "--profile", o.CloudProfile}, common...)...)
 	if err != nil {
 		return p, err

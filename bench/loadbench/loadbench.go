@@ -171,7 +171,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	args := []string{o.Binary, "cloud", "--model", o.Model, "--index", o.CloudIndex, "--profile", "",
 		"--threads", strconv.Itoa(o.Threads), "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 		"--max-sessions", strconv.Itoa(most), "--max-queue", strconv.Itoa(most),
-		"--passages", strconv.Itoa(o.Passages), "--max-passages", strconv.Itoa(o.Passages)}
+		"--passages", strconv.Itoa(o.Passages), "--max-passages", strconv.Itoa(o.Passages), "--rerank-model", ""}
 	if !o.Spec {
 		args = append(args, "--no-spec")
 	}

@@ -391,7 +391,7 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	k := strconv.Itoa(o.K)
 	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512)),
 		"--retrieval", cmp.Or(o.Retrieval, "auto")}
-	var rerank []string // the two sides with an index
+	rerank := []string{"--rerank-model", ""} // the two sides with an index
 	if o.Weights != "" {
 		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates),
 			"--rescore-every", strconv.Itoa(o.RescoreEvery)}

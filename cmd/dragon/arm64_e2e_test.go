@@ -273,7 +273,7 @@ func TestArm64DeviceAnswersOverOpenAI(t *testing.T) {
 	start := time.Now()
 	d, err := aggbench.StartDaemon("arm64 device", "", nil, qemu, "-cpu", arm64CPU, bin, "device",
 		"--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
-		"--index", index, "--retrieval", "bm25", "--cloud", "", "--profile", "",
+		"--index", index, "--retrieval", "bm25", "--cloud", "", "--profile", "", "--rerank-model", "",
 		"--passages", "1", "--max-passages", "1", "--cloud-passages", "0", "--ctx", "256", "--no-spec")
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, d.Stop(time.Minute), "the arm64 device stops cleanly on SIGTERM") })

@@ -53,7 +53,7 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 			})
 		},
 	}
-	f.register(cmd, defaultCloudAddr, defaultCloudHTTP, "data/index/cloud", "data/profile-cloud.json", 1024)
+	f.register(cmd, cloudDefaults)
 	fs := cmd.Flags()
 	fs.IntVar(&limit.MaxSessions, "max-sessions", 4, "generations decoded at once, their rows batched into shared forward passes")
 	fs.IntVar(&limit.MaxQueue, "max-queue", 4, "generations that may wait for one of those (0: none; beyond: refused with RESOURCE_EXHAUSTED)")

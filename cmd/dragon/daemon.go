@@ -74,20 +74,43 @@ type sideFlags struct {
 	memoryMB int
 }
 
-func (f *sideFlags) register(cmd *cobra.Command, listen, http, index, profile string, kvCacheMB int) {
+// daemonDefaults are a daemon's flag defaults: make run's for its side,
+// DRAGON's model family (make qwen) over the demo corpora cut by its
+// tokenizer (make index-qwen), the re-ranker's relevance (make
+// rerank-model) and its own profile (make profile-qwen).
+type daemonDefaults struct {
+	listen, http, model, index, profile, rerank string
+	kvCacheMB                                   int
+}
+
+// The cross-encoder make rerank-model fetches, both daemons' default.
+const defaultRerankModel = "models/ms-marco-MiniLM-L-12-v2.F32.gguf"
+
+var (
+	cloudDefaults = daemonDefaults{
+		listen: defaultCloudAddr, http: defaultCloudHTTP, model: "models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+		index: "data/index-qwen/cloud", profile: "data/profile-Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.json", rerank: defaultRerankModel, kvCacheMB: 1024,
+	}
+	deviceDefaults = daemonDefaults{
+		listen: defaultDeviceAddr, http: defaultDeviceHTTP, model: "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+		index: "data/index-qwen/device", profile: "data/profile-Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.json", rerank: defaultRerankModel, kvCacheMB: 256,
+	}
+)
+
+func (f *sideFlags) register(cmd *cobra.Command, def daemonDefaults) {
 	fs := cmd.Flags()
-	f.kvCache.register(fs, kvCacheMB)
-	fs.StringVar(&f.listen, "listen", listen, "gRPC address to serve on")
-	fs.StringVar(&f.http, "http", http, "HTTP address for /metrics, /healthz and /readyz (empty: none)")
+	f.kvCache.register(fs, def.kvCacheMB)
+	fs.StringVar(&f.listen, "listen", def.listen, "gRPC address to serve on")
+	fs.StringVar(&f.http, "http", def.http, "HTTP address for /metrics, /healthz and /readyz (empty: none)")
 	fs.BoolVar(&f.pprof, "pprof", false, "also serve /debug/pprof on the HTTP address")
 	fs.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long generations in progress may take to finish")
-	fs.StringVar(&f.model, "model", defaultModel(), "GGUF model file")
-	fs.StringVar(&f.index, "index", index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; ?grpc=:PORT searches over its gRPC port; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
+	fs.StringVar(&f.model, "model", def.model, "GGUF model file (default: make run's for this side, which make qwen fetches)")
+	fs.StringVar(&f.index, "index", def.index, "this side's corpus: an index folder (make index; also bleve:DIR), a Weaviate collection (weaviate://HOST:PORT/COLLECTION, weaviate+https://...; ?grpc=:PORT searches over its gRPC port; API key in $DRAGON_WEAVIATE_API_KEY), or empty for no retrieval")
 	fs.StringVar(&f.retrieval, "retrieval", "auto", "ranker: auto, bm25, dense or hybrid")
-	fs.StringVar(&f.rerankModel, "rerank-model", "", "cross-encoder GGUF (make rerank-model: models/ms-marco-MiniLM-L-12-v2.F32.gguf) that re-ranks --rerank-candidates first-stage passages to keep the best; its logit becomes each passage's relevance R (empty: no re-ranking)")
+	fs.StringVar(&f.rerankModel, "rerank-model", def.rerank, "cross-encoder GGUF (make rerank-model fetches the default) that re-ranks --rerank-candidates first-stage passages to keep the best; its logit becomes each passage's relevance R, on one scale on both sides (empty: no re-ranking, R is the first stage's; the default is left out with --index '')")
 	fs.IntVar(&f.rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages the cross-encoder re-ranks")
 	fs.IntVar(&f.rescoreEvery, "rescore-every", 0, "dynamic weights (DRAGON §4.1): every this many answer tokens the cross-encoder scores the passages again against the question and the answer so far, and the new weights and h̃ hold from that position on (0: the retrieval scores for the whole answer; needs --rerank-model)")
-	fs.StringVar(&f.profile, "profile", profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
+	fs.StringVar(&f.profile, "profile", def.profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
 	fs.IntVar(&f.maxPassages, "max-passages", 8, "most passages a request may ask for")
@@ -166,6 +189,9 @@ type side struct {
 }
 
 func (f *sideFlags) load(log *slog.Logger) (*side, error) {
+	if f.index == "" && f.rerankModel == defaultRerankModel {
+		f.rerankModel = "" // nothing to re-rank: the default re-ranker is not asked for
+	}
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
@@ -179,7 +205,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	atLeastTwoProcs()
 	m, err := llamacpp.Load(f.model, llamacpp.Options{Threads: f.threads})
 	if err != nil {
-		return nil, fmt.Errorf("%w (make model fetches the default one)", err)
+		return nil, fmt.Errorf("%w (make qwen fetches the default ones, make model the tests' SmolLM2)", err)
 	}
 	if f.memoryMB > 0 {
 		if err := f.fitMemory(m.Footprint(), log); err != nil {
@@ -193,7 +219,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		ix, closeIx, err := openSearcher(f.index, m, f.threads)
 		if err != nil {
 			m.Close()
-			return nil, fmt.Errorf("%w (make index builds the default ones; --index '' serves without retrieval)", err)
+			return nil, fmt.Errorf("%w (make index-qwen builds the default ones, make index SmolLM2's; --index '' serves without retrieval)", err)
 		}
 		if r, ok := ix.(*retrieval.RemoteIndex); ok {
 			s.backendReady = r.Ready

@@ -113,7 +113,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			})
 		},
 	}
-	f.register(cmd, defaultDeviceAddr, defaultDeviceHTTP, "data/index/device", "data/profile-device.json", 256)
+	f.register(cmd, deviceDefaults)
 	fs := cmd.Flags()
 	fs.StringVar(&cloudAddr, "cloud", defaultCloudAddr, "the cloud daemon's address (empty: device-only)")
 	fs.IntVar(&cloudPassages, "cloud-passages", 2, "passages the cloud retrieves when a request does not say")

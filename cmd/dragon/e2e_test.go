@@ -69,7 +69,7 @@ func pairWith(t *testing.T, latency time.Duration, cloudArgs, deviceArgs []strin
 // pairOfModels is pairWith with each side's model file.
 func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel string, cloudArgs, deviceArgs []string, link func(cloudAddr string) string) (dragonv1.DeviceServiceClient, *aggbench.Daemon, *aggbench.Daemon) {
 	cld := startDaemon(t, "cloud", append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", cloudModel, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "cloud"), "--profile", ""}, cloudArgs...)...)
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--rerank-model", ""}, cloudArgs...)...)
 	cloudAddr := cld.Addr
 	if latency > 0 {
 		link, err := netsim.NewLink(netsim.Shape{Latency: latency, Jitter: latency / 5}, 1)
@@ -89,7 +89,7 @@ func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel s
 		cloudAddr = link(cloudAddr)
 	}
 	dev := startDaemon(t, "device", append([]string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", deviceModel, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", ""}, deviceArgs...)...)
+		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "", "--rerank-model", ""}, deviceArgs...)...)
 	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
@@ -244,7 +244,7 @@ func TestCloudKilledMidAnswer(t *testing.T) {
 
 	// The cloud comes back on the same address.
 	startDaemon(t, "cloud2", "cloud", "--listen", cld.Addr, "--http", "127.0.0.1:0", "--model", testmodel.Path(t), "--threads", "1",
-		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "")
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--rerank-model", "")
 	require.Eventually(t, func() bool {
 		a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "Say hello.", Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
 		return err == nil && !a.Summary.GetFallback() && a.Summary.GetBytesReceived() > 0
@@ -303,11 +303,11 @@ func TestCloudDrainsOnSIGTERM(t *testing.T) {
 func TestConcurrentDevicesShareTheCloud(t *testing.T) {
 	model := testmodel.Path(t)
 	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--max-sessions", "2")
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--rerank-model", "", "--max-sessions", "2")
 	var clients []dragonv1.DeviceServiceClient
 	for i := range 2 {
 		dev := startDaemon(t, fmt.Sprintf("device%d", i), "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model,
-			"--threads", "1", "--index", testmodel.IndexDir(t, "device"), "--cloud", cld.Addr, "--profile", "")
+			"--threads", "1", "--index", testmodel.IndexDir(t, "device"), "--cloud", cld.Addr, "--profile", "", "--rerank-model", "")
 		conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })

@@ -60,7 +60,7 @@ func TestRerankModelThatDoesNotRankIsRefused(t *testing.T) {
 			"--index", testmodel.IndexDir(t, "cloud")},
 	} {
 		t.Run(name, func(t *testing.T) {
-			argv := append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "", "--model", testmodel.Path(t), "--threads", "1", "--profile", ""}, args...)
+			argv := append([]string{"cloud", "--listen", "127.0.0.1:0", "--http", "", "--model", testmodel.Path(t), "--threads", "1", "--profile", "", "--rerank-model", ""}, args...)
 			cmd := exec.Command(os.Args[0])
 			cmd.Env = append(os.Environ(), "DRAGON_CHILD_ARGS="+strings.Join(argv, "\n"))
 			out, err := cmd.CombinedOutput()
