@@ -103,6 +103,15 @@ type Options struct {
 	// and Generate.
 	RescoreEvery int
 	Rescore      func(ctx context.Context, query, answer string, passages []Passage) ([]float64, error)
+	// PosteriorEvery > 0 turns on posterior weights instead: the passages'
+	// scores at answer position p are R(d) + Σ_{t<b} log p(x_t | d, x_<t)
+	// with b = ⌊p/PosteriorEvery⌋·PosteriorEvery, so the weights are the
+	// mixture's posterior given the answer's first b tokens (their
+	// log-sum-exp, h̃, weighs this side against the other by the same
+	// posterior). Like RescoreEvery the positions are a function of the
+	// token count alone, and it needs no model beside the passages'
+	// sequences: their evidence (evidence.go) is kept for it.
+	PosteriorEvery int
 	// Spec configures local speculative decoding (Generate only).
 	Spec specdec.Options
 	// NoCostModel verifies every draft the drafter offers, whole, instead
@@ -414,7 +423,7 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.hTilde = hTilde
 	d.epochs = append(d.epochs[:0], weightEpoch{from: 0, w: d.w, hTilde: hTilde})
 	d.gen = d.gen[:0]
-	d.ev.reset(d.wantEvidence)
+	d.ev.reset(d.wantEvidence || d.opts.PosteriorEvery > 0)
 	d.own, d.restored = own, 0
 	d.held = make([]int, len(d.prompts))
 	d.known = make([][]float32, len(d.prompts))
@@ -562,6 +571,12 @@ func (d *Decoder) truncateKV(n int) error {
 // pending tokens and draft[:i]. Follow it with Commit. The rows are owned by
 // the decoder until the next Verify.
 func (d *Decoder) Verify(ctx context.Context, draft []engine.Token) ([][]float32, error) {
+	if len(draft) == 0 && d.nextValid {
+		// The one row is the distribution already known: nothing to decode.
+		d.resetMixes(1)
+		copy(d.mixes[0], d.next)
+		return d.mixes[:1], nil
+	}
 	if err := d.forward(ctx, draft, true, nil); err != nil {
 		return nil, err
 	}
@@ -894,6 +909,69 @@ func (d *Decoder) SetScores(scores []float64) error {
 	return nil
 }
 
+// dropEpochsAfter forgets the weights of positions past n, whose answer
+// prefix the token at n is part of: an epoch from b was made from the
+// answer's first b tokens, so it outlives a change at n only if b ≤ n.
+// (syncWeights drops those past the answer's end; this drops the one that
+// starts right after a rewound token, whose position the answer reaches
+// again.)
+func (d *Decoder) dropEpochsAfter(n int) {
+	for len(d.epochs) > 1 && d.epochs[len(d.epochs)-1].from > n {
+		d.epochs = d.epochs[:len(d.epochs)-1]
+	}
+}
+
+// weightsEvery is how many answer tokens the weights hold (0: all).
+func (d *Decoder) weightsEvery() int {
+	switch {
+	case d.opts.PosteriorEvery > 0:
+		return d.opts.PosteriorEvery
+	case d.opts.RescoreEvery > 0 && d.opts.Rescore != nil:
+		return d.opts.RescoreEvery
+	}
+	return 0
+}
+
+// epochScores are the passages' scores from answer position b on: the
+// first epoch's plus their evidence of the answer's first b tokens
+// (posterior weights), or the re-scorer's against them.
+func (d *Decoder) epochScores(ctx context.Context, b int) ([]float64, error) {
+	if d.opts.PosteriorEvery > 0 {
+		if d.ev.firstMissing(b) >= 0 {
+			// The pass that decodes the missing terms mixes the next
+			// token's distribution under the last epoch's weights: it is
+			// mixed again under the new ones.
+			if err := d.forward(ctx, nil, false, nil); err != nil {
+				return nil, err
+			}
+			d.nextValid = false
+		}
+		ll, err := d.Evidence(ctx, b)
+		if err != nil {
+			return nil, fmt.Errorf("decoder: posterior weights at token %d: %w", b, err)
+		}
+		scores := passageScores(d.passages)
+		for i := range scores {
+			scores[i] += ll[i]
+		}
+		return scores, nil
+	}
+	detok := engine.NewDetokenizer(d.model)
+	var answer strings.Builder
+	for _, t := range d.gen[:b] {
+		answer.WriteString(detok.Add(t))
+	}
+	answer.WriteString(detok.Flush())
+	scores, err := d.opts.Rescore(ctx, d.query, answer.String(), d.passages)
+	if err != nil {
+		return nil, fmt.Errorf("decoder: rescore at token %d: %w", b, err)
+	}
+	if len(scores) != len(d.passages) {
+		return nil, fmt.Errorf("decoder: rescore returned %d scores for %d passages", len(scores), len(d.passages))
+	}
+	return scores, nil
+}
+
 // weightEpoch is the document weights from answer position from on.
 type weightEpoch struct {
 	from   int
@@ -901,9 +979,10 @@ type weightEpoch struct {
 	hTilde float64
 }
 
-// dynamic reports whether the weights follow the answer (Options.RescoreEvery).
+// dynamic reports whether the weights follow the answer
+// (Options.RescoreEvery, PosteriorEvery).
 func (d *Decoder) dynamic() bool {
-	return d.opts.RescoreEvery > 0 && d.opts.Rescore != nil && len(d.passages) > 0 &&
+	return d.weightsEvery() > 0 && len(d.passages) > 0 &&
 		len(d.passages) == len(d.prompts) && d.mode != ContextAggregation
 }
 
@@ -916,24 +995,15 @@ func (d *Decoder) syncWeights(ctx context.Context) (int, error) {
 	if !d.dynamic() {
 		return math.MaxInt, nil
 	}
-	every, n := d.opts.RescoreEvery, len(d.gen)
+	every, n := d.weightsEvery(), len(d.gen)
 	b := n / every * every
 	for len(d.epochs) > 1 && d.epochs[len(d.epochs)-1].from > b {
 		d.epochs = d.epochs[:len(d.epochs)-1]
 	}
 	if last := d.epochs[len(d.epochs)-1]; last.from != b {
-		detok := engine.NewDetokenizer(d.model)
-		var answer strings.Builder
-		for _, t := range d.gen[:b] {
-			answer.WriteString(detok.Add(t))
-		}
-		answer.WriteString(detok.Flush())
-		scores, err := d.opts.Rescore(ctx, d.query, answer.String(), d.passages)
+		scores, err := d.epochScores(ctx, b)
 		if err != nil {
-			return 0, fmt.Errorf("decoder: rescore at token %d: %w", b, err)
-		}
-		if len(scores) != len(d.passages) {
-			return 0, fmt.Errorf("decoder: rescore returned %d scores for %d passages", len(scores), len(d.passages))
+			return 0, err
 		}
 		w, hTilde := weights(scores)
 		d.epochs = append(d.epochs, weightEpoch{from: b, w: w, hTilde: hTilde})

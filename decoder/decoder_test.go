@@ -443,6 +443,17 @@ func TestDynamicWeightsChangeAtTheStatedPositions(t *testing.T) {
 			require.Len(t, r.answers, 5)
 			assert.Equal(t, detokenize(m, d.Generated()[:8]), r.answers[4])
 			assert.Contains(t, r.answers[4], "z")
+
+			// A rewind to just before a boundary changes the last token
+			// its epoch was scored on: the boundary is scored again.
+			require.NoError(t, d.Rewind(7, fake.ByteOffset+'y'))
+			for len(d.Generated()) < 9 {
+				_, err := d.Step(ctx, choose, 9-len(d.Generated()))
+				require.NoError(t, err)
+			}
+			require.Len(t, r.answers, 6)
+			assert.Equal(t, detokenize(m, d.Generated()[:8]), r.answers[5])
+			assert.True(t, strings.HasSuffix(r.answers[5], "y"), "%q", r.answers[5])
 		})
 	}
 	require.Len(t, answers, 2)

@@ -3,6 +3,7 @@ package decoder
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,7 +36,10 @@ func handEvidence(m *fake.Model, d *Decoder, gen []engine.Token, unused ...engin
 	return sums
 }
 
-var copier = fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1}
+// copier copies text from its context, so that local drafts land; its
+// every logit also depends on the whole context, so that the passages
+// disagree about each token (their evidence differs).
+var copier = fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, Order: 1 << 20}
 
 const copyQuery = "Repeat: the lamp, the lamp, the lamp at dusk; the lamp at dawn"
 
@@ -58,6 +62,7 @@ func TestEvidenceOfGenerate(t *testing.T) {
 		for s := range got {
 			assert.Less(t, got[s], 0.0, "%s: a log-likelihood", name)
 		}
+		assert.NotEqual(t, got[0], got[1], "%s: the passages disagree", name)
 	}
 }
 
@@ -202,4 +207,65 @@ func TestEvidenceChangesNoToken(t *testing.T) {
 		}
 		assert.Equal(t, answers[0], answers[1], "%+v", sp)
 	}
+}
+
+// TestPosteriorWeights: with PosteriorEvery k, the mixture at answer
+// position p weighs each passage by softmax(R + its log-likelihood of the
+// answer's first ⌊p/k⌋·k tokens), computed by hand; plain decoding, local
+// drafts and a rewind decide the same tokens; the weights move toward the
+// passages that predicted the answer.
+func TestPosteriorWeights(t *testing.T) {
+	const every = 3
+	var answers [][]engine.Token
+	for _, spec := range []bool{false, true} {
+		opts := Options{PosteriorEvery: every}
+		if spec {
+			opts.Spec, opts.NoCostModel = specdec.DefaultOptions(), true
+		}
+		m, d := newFakeWith(t, copier, opts)
+		ctx := context.Background()
+		require.NoError(t, d.Start(ctx, copyQuery, threePassages))
+		prior := passageScores(threePassages)
+		choose := func(mix []float32, pos int, hist []engine.Token) (engine.Token, error) {
+			b := pos / every * every
+			ll := handEvidence(m, d, hist[:b])
+			scores := make([]float64, len(prior))
+			for i := range scores {
+				scores[i] = prior[i] + ll[i]
+			}
+			w, hTilde := weights(scores)
+			assert.InDeltaSlice(t, w, d.Weights(), 1e-5, "spec %v: weights at %d", spec, pos)
+			assert.InDelta(t, hTilde, d.HTilde(), 1e-4, "spec %v: h̃ at %d", spec, pos)
+			// The mixture under those weights, by hand.
+			want := make([]float64, len(mix))
+			for s := range threePassages {
+				p := softmax64(m.Distribution(append(append([]engine.Token(nil), d.Prompt(s)...), hist...)))
+				for i := range want {
+					want[i] += float64(w[s]) * p[i]
+				}
+			}
+			for i := range want {
+				if want[i] > 1e-4 {
+					assert.InDelta(t, want[i], float64(mix[i]), 1e-4*want[i]+1e-6, "spec %v: token %d at %d", spec, i, pos)
+				}
+			}
+			return engine.Token(sampling.Argmax(mix)), nil
+		}
+		for len(d.Generated()) < 16 {
+			_, err := d.Step(ctx, choose, 16-len(d.Generated()))
+			require.NoError(t, err)
+		}
+		answers = append(answers, slices.Clone(d.Generated()))
+		initial, _ := weights(prior)
+		assert.NotEqual(t, initial, d.Weights(), "the evidence moved the weights")
+		// A rewind below a boundary drops its epoch; the new answer's
+		// evidence makes the next.
+		require.NoError(t, d.Rewind(4, fake.ByteOffset+'z'))
+		for len(d.Generated()) < 10 {
+			_, err := d.Step(ctx, choose, 10-len(d.Generated()))
+			require.NoError(t, err)
+		}
+		d.Finish()
+	}
+	assert.Equal(t, answers[0], answers[1], "speculation decides what plain decoding does")
 }

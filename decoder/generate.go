@@ -260,6 +260,7 @@ func (d *Decoder) Rewind(n int, toks ...engine.Token) error {
 		return err
 	}
 	d.ev.cut(n)
+	d.dropEpochsAfter(n)
 	if n < len(d.gen) {
 		d.gen = d.gen[:n]
 		d.nextValid = false

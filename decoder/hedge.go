@@ -192,6 +192,7 @@ func (d *Decoder) AdoptBranch(h int) error {
 	// The hedged token's terms come from the main chain's distribution at
 	// the fork; the branch's later tokens are decoded again for theirs.
 	d.ev.cut(b.fork)
+	d.dropEpochsAfter(b.fork)
 	d.bindEvidence()
 	return d.dropBranches()
 }

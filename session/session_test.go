@@ -66,12 +66,24 @@ func newDecoderCalls(t *testing.T, side aggregator.Side, spec bool, callLatency 
 // branches.
 func newDecoderHedged(t *testing.T, side aggregator.Side, spec bool, callLatency time.Duration, hedges int) *decoder.Decoder {
 	t.Helper()
+	return newDecoderWith(t, side, spec, callLatency, hedges, 0)
+}
+
+// newDecoderWith is newDecoderHedged with posterior weights every
+// posteriorEvery tokens (0: static weights), on a model whose logits
+// depend on the whole context (so that the passages disagree) when they
+// are on.
+func newDecoderWith(t *testing.T, side aggregator.Side, spec bool, callLatency time.Duration, hedges, posteriorEvery int) *decoder.Decoder {
+	t.Helper()
 	cfg := copier
+	if posteriorEvery > 0 {
+		cfg.Order = 1 << 20
+	}
 	cfg.CallLatency = callLatency
 	if side == aggregator.Cloud {
 		cfg.Seed = 4
 	}
-	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Hedges: hedges}
+	opts := decoder.Options{MaxPassages: 4, CtxPerSeq: 512, Hedges: hedges, PosteriorEvery: posteriorEvery}
 	if spec {
 		opts.Spec = specdec.DefaultOptions()
 		opts.NoCostModel = true // verify every draft: bursts are what this tests
@@ -140,6 +152,9 @@ type pairConfig struct {
 	hedgeBelow         float64
 	// sources: the device asks for the answer's sources.
 	sources bool
+	// posteriorEvery: both sides weigh their passages by their posterior
+	// every this many tokens (decoder.Options.PosteriorEvery).
+	posteriorEvery int
 }
 
 // runPair runs a device and a cloud side against each other and returns
@@ -172,7 +187,7 @@ func runPair(t *testing.T, c pairConfig) (dev, cld Summary) {
 		}
 	}
 	newDec := func(side aggregator.Side, call time.Duration) *decoder.Decoder {
-		d := newDecoderHedged(t, side, c.spec, call, c.hedges)
+		d := newDecoderWith(t, side, c.spec, call, c.hedges, c.posteriorEvery)
 		d.SetEvidence(c.sources)
 		return d
 	}
@@ -304,6 +319,31 @@ func TestConfidenceWeightsAgreeAcrossModes(t *testing.T) {
 	}
 	plain, _ := runPair(t, pairConfig{sync: TokenWise})
 	weighed, _ := runPair(t, pairConfig{sync: TokenWise, confidence: 0.3})
+	assert.NotEqual(t, plain.Tokens, weighed.Tokens, "the weights take effect")
+}
+
+// TestPosteriorWeightsAgreeAcrossModes: with posterior weights each side
+// weighs its passages by their evidence of the answer so far, at
+// positions fixed by the token count, so greedy and sampled dragon (local
+// speculation, handovers, a jittery link) give token-wise sync's answer;
+// the weights change the greedy answer.
+func TestPosteriorWeightsAgreeAcrossModes(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var mu sync.Mutex
+	jitter := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(r.IntN(2000)) * time.Microsecond
+	}
+	for _, sp := range []sampling.Params{{}, {Temperature: 0.9, Seed: 5}} {
+		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp, posteriorEvery: 4})
+		require.NotEmpty(t, tw.Tokens)
+		dev, cld := runPair(t, pairConfig{sampling: sp, spec: true, switchEvery: 3, latency: jitter, posteriorEvery: 4, sources: true})
+		assert.Equal(t, tw.Tokens, dev.Tokens, "temperature %v", sp.Temperature)
+		assert.Equal(t, dev.Tokens, cld.Tokens, "temperature %v", sp.Temperature)
+	}
+	plain, _ := runPair(t, pairConfig{sync: TokenWise, posteriorEvery: 1 << 20})
+	weighed, _ := runPair(t, pairConfig{sync: TokenWise, posteriorEvery: 1})
 	assert.NotEqual(t, plain.Tokens, weighed.Tokens, "the weights take effect")
 }
 

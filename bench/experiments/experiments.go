@@ -213,9 +213,9 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		q := o.FamilyOpts
 		q.Log = o.Log
 		if len(q.Methods) == 0 {
-			q.Methods = familyMethods[1:]
+			q.Methods = append(slices.Clone(familyMethods[1:]), methodPosterior)
 			if q.Reranker != nil {
-				q.Methods = append(slices.Clone(q.Methods), methodRerank, methodDynamic)
+				q.Methods = append(q.Methods, methodRerank, methodDynamic, methodRerankPosterior)
 			}
 		}
 		ppl, windows, err := Quality(ctx, q)

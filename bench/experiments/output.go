@@ -240,9 +240,16 @@ func report(r Results) string {
 		pr("none: the model alone; cloud-context: the cloud's passages in one prompt ")
 		pr("(CRCG); context: both sides' passages in one prompt (DRCG, centralised and privacy-breaking); dragon: output aggregation over both sides' ")
 		pr("passages (DRAGON).")
+		if slices.Contains(q.methods(), methodPosterior) {
+			pr(" dragon-posterior: dragon with each passage's weight its posterior given the continuation so far, e^R(d)·Π_t p(x_t | d, x_<t) normalised ")
+			pr("(every token: the mixture of whole sequences).")
+		}
 		if slices.Contains(q.methods(), methodRerank) || slices.Contains(q.methods(), methodDynamic) {
 			pr(" dragon-rerank: dragon over each side's BM25 candidates re-ranked by the cross-encoder, weighted by its logits; dragon-dynamic: ")
 			pr("those passages re-scored against the first half and the continuation so far at fixed intervals of tokens (DRAGON §4.1).")
+		}
+		if slices.Contains(q.methods(), methodRerankPosterior) {
+			pr(" dragon-rerank-posterior: the re-ranked passages, weighted by their posterior.")
 		}
 		pr("\n\n")
 		table("Perplexity", "lower is better", "k = ", keys, q.methods(), q.PPL)

@@ -42,6 +42,11 @@ type QualityOptions struct {
 	Reranker         *rerank.Reranker
 	RerankCandidates int
 	RescoreEvery     int
+	// PosteriorEvery is the tokens between posterior weightings of
+	// dragon-posterior (and, with a Reranker, dragon-rerank-posterior):
+	// each passage's weight its posterior given the continuation so far
+	// (0: 1, every token, the mixture of whole sequences).
+	PosteriorEvery int
 	// Split is how the two sides' passages are drawn: SplitFiles (the
 	// default) or SplitRank.
 	Split string
@@ -68,6 +73,10 @@ const (
 const (
 	methodRerank  = "dragon-rerank"
 	methodDynamic = "dragon-dynamic"
+	// The posterior weights of the first stage's scores (no Reranker
+	// needed) and of the re-ranker's.
+	methodPosterior       = "dragon-posterior"
+	methodRerankPosterior = "dragon-rerank-posterior"
 )
 
 // E4's methods, as e4.csv names them.
@@ -94,15 +103,18 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 		o.Methods = qualityMethods[1:]
 	}
 	for _, m := range o.Methods {
-		if !slices.Contains([]string{"device-only", "cloud-only", "context", "cloud-context", "dragon", methodRerank, methodDynamic}, m) {
+		if !slices.Contains([]string{"device-only", "cloud-only", "context", "cloud-context", "dragon", methodRerank, methodDynamic, methodPosterior, methodRerankPosterior}, m) {
 			return nil, 0, fmt.Errorf("experiments: E4 has no method %q", m)
 		}
 	}
-	if (slices.Contains(o.Methods, methodRerank) || slices.Contains(o.Methods, methodDynamic)) && o.Reranker == nil {
+	if (slices.Contains(o.Methods, methodRerank) || slices.Contains(o.Methods, methodDynamic) || slices.Contains(o.Methods, methodRerankPosterior)) && o.Reranker == nil {
 		return nil, 0, errors.New("experiments: E4's re-ranked methods need a re-ranker")
 	}
 	if o.RescoreEvery <= 0 {
 		o.RescoreEvery = 16
+	}
+	if o.PosteriorEvery <= 0 {
+		o.PosteriorEvery = 1
 	}
 	switch o.Split {
 	case "":
@@ -249,7 +261,15 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 				}
 				nll[run.method][k] += x
 			}
-			if o.Reranker != nil && (measured(methodRerank) || measured(methodDynamic)) {
+			if measured(methodPosterior) {
+				prefixes, scores := nodebench.WithPassages(both, half[0])
+				x, _, err := nodebench.NLLPosterior(ctx, out, prefixes, scores, half[1], o.PosteriorEvery)
+				if err != nil {
+					return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", methodPosterior, k, err)
+				}
+				nll[methodPosterior][k] += x
+			}
+			if o.Reranker != nil && (measured(methodRerank) || measured(methodDynamic) || measured(methodRerankPosterior)) {
 				rd, rc := sidesOf(reranked, k)
 				rboth := append(slices.Clone(rd), rc...)
 				prefixes, scores := nodebench.WithPassages(rboth, half[0])
@@ -259,6 +279,13 @@ func Quality(ctx context.Context, o QualityOptions) (map[string]map[string]float
 						return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", methodRerank, k, err)
 					}
 					nll[methodRerank][k] += x
+				}
+				if measured(methodRerankPosterior) {
+					x, _, err := nodebench.NLLPosterior(ctx, out, prefixes, scores, half[1], o.PosteriorEvery)
+					if err != nil {
+						return nil, 0, fmt.Errorf("experiments: E4 %s, %d passages: %w", methodRerankPosterior, k, err)
+					}
+					nll[methodRerankPosterior][k] += x
 				}
 				if measured(methodDynamic) {
 					texts := make([]string, len(rboth))

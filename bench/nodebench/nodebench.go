@@ -207,14 +207,52 @@ func NLL(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []fl
 // standing in for the answer so far. Each chunk is verified in one pass.
 func NLLDynamic(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string, every int,
 	rescore func(ctx context.Context, answer string) ([]float64, error)) (float64, int, error) {
+	m := d.Model()
+	return nllChunked(ctx, d, prefixes, scores, cont, every, func(ctx context.Context, toks []engine.Token) ([]float64, error) {
+		detok := engine.NewDetokenizer(m)
+		var answer strings.Builder
+		for _, t := range toks {
+			answer.WriteString(detok.Add(t))
+		}
+		return rescore(ctx, answer.String()+detok.Flush())
+	})
+}
+
+// NLLPosterior is NLL with posterior weights (decoder.Options.
+// PosteriorEvery): the prompts' scores for the continuation's tokens at
+// positions [j·every, (j+1)·every) are the given scores plus each
+// prompt's log-likelihood of the first j·every tokens. With every 1 the
+// continuation's NLL is −log Σ_d softmax(scores)_d · Π_t p(x_t | d, x_<t),
+// the mixture of whole sequences (REPLUG's, RAG-Sequence's) rather than of
+// tokens.
+func NLLPosterior(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string, every int) (float64, int, error) {
+	d.SetEvidence(true)
+	defer d.SetEvidence(false)
+	return nllChunked(ctx, d, prefixes, scores, cont, every, func(ctx context.Context, toks []engine.Token) ([]float64, error) {
+		ll, err := d.Evidence(ctx, len(toks))
+		if err != nil {
+			return nil, err
+		}
+		out := make([]float64, len(scores))
+		for i := range out {
+			out[i] = scores[i] + ll[i]
+		}
+		return out, nil
+	})
+}
+
+// nllChunked is NLL with the scores of each chunk of every tokens from
+// scoresAt(the continuation's tokens before it), the first chunk's the
+// given scores; each chunk is verified in one pass.
+func nllChunked(ctx context.Context, d *decoder.Decoder, prefixes []string, scores []float64, cont string, every int,
+	scoresAt func(ctx context.Context, before []engine.Token) ([]float64, error)) (float64, int, error) {
 	if every < 1 {
-		return 0, 0, fmt.Errorf("nodebench: rescoring every %d tokens", every)
+		return 0, 0, fmt.Errorf("nodebench: weights every %d tokens", every)
 	}
 	if err := d.BeginRaw(ctx, prefixes, scores); err != nil {
 		return 0, 0, err
 	}
-	m := d.Model()
-	toks, err := m.Tokenize(" "+cont, false, false)
+	toks, err := d.Model().Tokenize(" "+cont, false, false)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -222,12 +260,7 @@ func NLLDynamic(ctx context.Context, d *decoder.Decoder, prefixes []string, scor
 	for from := 0; from < len(toks); from += every {
 		chunk := toks[from:min(from+every, len(toks))]
 		if from > 0 {
-			detok := engine.NewDetokenizer(m)
-			var answer strings.Builder
-			for _, t := range toks[:from] {
-				answer.WriteString(detok.Add(t))
-			}
-			s, err := rescore(ctx, answer.String()+detok.Flush())
+			s, err := scoresAt(ctx, toks[:from])
 			if err != nil {
 				return 0, 0, err
 			}

@@ -2,6 +2,7 @@ package nodebench
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -41,5 +42,36 @@ func TestNLLDynamic(t *testing.T) {
 	assert.NotEqual(t, static, moved, "new weights from token 5 on")
 
 	_, _, err = NLLDynamic(ctx, d, prefixes, scores, cont, 0, same)
+	assert.Error(t, err)
+}
+
+// TestNLLPosterior: with posterior weights every token the continuation's
+// NLL is that of the mixture of whole sequences, −log Σ_d ω(d) e^{L(d)},
+// where L(d) is each prompt's own log-likelihood of the continuation; the
+// mixture of tokens (static weights) is another number.
+func TestNLLPosterior(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 5, Vocab: 300, Order: 1 << 20})
+	d, err := decoder.New(m, decoder.Options{MaxPassages: 2, CtxPerSeq: 256})
+	require.NoError(t, err)
+	defer d.Close()
+	ctx := context.Background()
+	prefixes := []string{"the lamp at dusk. ", "tides twice a day. "}
+	scores := []float64{1, 0}
+	const cont = "the keeper lit the lamp"
+	var lls []float64
+	for i := range prefixes {
+		nll, _, err := NLL(ctx, d, prefixes[i:i+1], []float64{0}, cont)
+		require.NoError(t, err)
+		lls = append(lls, -nll)
+	}
+	w := []float64{math.Exp(1) / (math.Exp(1) + 1), 1 / (math.Exp(1) + 1)}
+	want := -math.Log(w[0]*math.Exp(lls[0]) + w[1]*math.Exp(lls[1]))
+	got, _, err := NLLPosterior(ctx, d, prefixes, scores, cont, 1)
+	require.NoError(t, err)
+	assert.InDelta(t, want, got, 1e-3*want)
+	static, _, err := NLL(ctx, d, prefixes, scores, cont)
+	require.NoError(t, err)
+	assert.Greater(t, math.Abs(static-want), 1e-2, "the mixture of tokens is another model")
+	_, _, err = NLLPosterior(ctx, d, prefixes, scores, cont, 0)
 	assert.Error(t, err)
 }

@@ -161,12 +161,19 @@ type Options struct {
 	Retrieval string
 	// Weights is how passages are weighed: "static" (the first stage's R),
 	// "rerank" (RerankModel re-ranks RerankCandidates first-stage passages
-	// per side; R its logit) or "dynamic" (re-ranked, then re-scored every
-	// RescoreEvery answer tokens: DRAGON §4.1).
+	// per side; R its logit), "dynamic" (re-ranked, then re-scored every
+	// RescoreEvery answer tokens: DRAGON §4.1), or "posterior" and
+	// "rerank-posterior" (the first stage's or the re-ranker's R, then
+	// each passage's posterior given the answer so far every
+	// PosteriorEvery tokens: the daemons' --posterior-every).
 	Weights          string
 	RerankModel      string
 	RerankCandidates int
 	RescoreEvery     int
+	PosteriorEvery   int
+	// DevicePassages and CloudPassages are each half's passages' texts by
+	// id, for testing whether an answer's sources hold the gold answer.
+	DevicePassages, CloudPassages map[uint64]string
 	// Confidence > 0 weighs each step of the modes that aggregate both
 	// sides by the sides' confidence too (GenerateRequest's
 	// confidence_temperature).
@@ -202,6 +209,12 @@ type Record struct {
 	TTFTMS     float64 `json:"ttft_ms"`
 	// Fallback is set when the device answered alone (the cloud failed).
 	Fallback bool `json:"fallback,omitempty"`
+	// Where the answer's sources came back: whether the passage of the
+	// largest share, and the passage of the highest relevance score, hold a
+	// gold answer (DPR's has-answer test on the passage's text; absent
+	// without sources).
+	TopShareHasAnswer *bool `json:"top_share_has_answer,omitempty"`
+	TopScoreHasAnswer *bool `json:"top_score_has_answer,omitempty"`
 }
 
 // header is the first line of a records file: what its answers depend on.
@@ -220,6 +233,7 @@ type config struct {
 	Weights     string  `json:"weights,omitempty"`
 	Candidates  int     `json:"rerank_candidates,omitempty"`
 	Every       int     `json:"rescore_every,omitempty"`
+	Posterior   int     `json:"posterior_every,omitempty"`
 	Confidence  float64 `json:"confidence_temperature,omitempty"`
 	ClosedBook  string  `json:"closed_book,omitempty"`
 	Sides       string  `json:"closed_book_sides,omitempty"`
@@ -239,14 +253,25 @@ type Result struct {
 	TTFTMS      map[string]float64 `json:"ttft_ms"`
 	// Fallbacks counts answers the device gave alone, per mode.
 	Fallbacks map[string]int `json:"fallbacks,omitempty"`
-	Records   string         `json:"records"`
-	Retrieval string         `json:"retrieval"`
-	Weights   string         `json:"weights"`
+	// TopSourceContainsAnswer is, per mode, among the answers that contain
+	// a gold answer, the fraction whose largest-share source holds it too;
+	// TopScoreContainsAnswer the same for the source of the highest
+	// retrieval score (what a list of retrieved passages would put first);
+	// SourcesCounted how many answers those fractions are over.
+	TopSourceContainsAnswer map[string]float64 `json:"top_source_contains_answer"`
+	TopScoreContainsAnswer  map[string]float64 `json:"top_score_contains_answer"`
+	SourcesCounted          map[string]int     `json:"sources_counted"`
+	Records                 string             `json:"records"`
+	Retrieval               string             `json:"retrieval"`
+	Weights                 string             `json:"weights"`
 	// RerankCandidates is the first-stage passages re-ranked per side
 	// (weights "rerank" and "dynamic"), RescoreEvery the tokens between
 	// re-scorings ("dynamic").
 	RerankCandidates int `json:"rerank_candidates,omitempty"`
 	RescoreEvery     int `json:"rescore_every,omitempty"`
+	// PosteriorEvery is the tokens between posterior weightings (weights
+	// "posterior", "rerank-posterior").
+	PosteriorEvery int `json:"posterior_every,omitempty"`
 	// Confidence is the confidence temperature (0: off).
 	Confidence float64 `json:"confidence_temperature,omitempty"`
 	// ClosedBook is the closed-book document's relevance ("": none), and
@@ -334,23 +359,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if o.ClosedBookSides, err = CheckClosedBook(o.ClosedBook, o.ClosedBookSides); err != nil {
 		return Result{}, err
 	}
-	switch o.Weights {
-	case "", "static":
-		o.Weights, o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", "", 0, 0
-	case "rerank", "dynamic":
-		if o.RerankModel == "" || o.RerankCandidates < 1 {
-			return Result{}, fmt.Errorf("qabench: weights %s needs a re-ranking model and candidates (got %q, %d)", o.Weights, o.RerankModel, o.RerankCandidates)
-		}
-		if o.Weights == "rerank" {
-			o.RescoreEvery = 0
-		} else if o.RescoreEvery < 1 {
-			return Result{}, fmt.Errorf("qabench: weights dynamic needs a rescoring interval (got %d)", o.RescoreEvery)
-		}
-	default:
-		return Result{}, fmt.Errorf("qabench: weights %q: want static, rerank or dynamic", o.Weights)
+	if err := checkWeights(&o); err != nil {
+		return Result{}, err
 	}
 	cfg := config{DeviceModel: filepath.Base(o.DeviceModel), CloudModel: filepath.Base(o.CloudModel), K: o.K, MaxTokens: o.MaxTokens, Seed: o.Seed, System: ShortAnswer, Retrieval: o.Retrieval,
-		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, Sides: o.ClosedBookSides}
+		Weights: o.Weights, Candidates: o.RerankCandidates, Every: o.RescoreEvery, Posterior: o.PosteriorEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, Sides: o.ClosedBookSides}
 	done, err := readRecords(o.Records, cfg)
 	if err != nil {
 		return Result{}, err
@@ -391,10 +404,10 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 	k := strconv.Itoa(o.K)
 	common := []string{"--threads", "1", "--listen", "127.0.0.1:0", "--http", "", "--passages", k, "--max-tokens-limit", strconv.Itoa(max(o.MaxTokens, 512)),
 		"--retrieval", cmp.Or(o.Retrieval, "auto")}
-	rerank := []string{"--rerank-model", ""} // the two sides with an index
-	if o.Weights != "" {
-		rerank = []string{"--rerank-model", o.RerankModel, "--rerank-candidates", strconv.Itoa(o.RerankCandidates),
-			"--rescore-every", strconv.Itoa(o.RescoreEvery)}
+	// The two sides with an index.
+	rerank := []string{"--rerank-model", o.RerankModel, "--posterior-every", strconv.Itoa(o.PosteriorEvery)}
+	if o.RerankModel != "" {
+		rerank = append(rerank, "--rerank-candidates", strconv.Itoa(o.RerankCandidates), "--rescore-every", strconv.Itoa(o.RescoreEvery))
 	}
 	closed := map[string][]string{}
 	for _, side := range []string{"cloud", "device"} {
@@ -463,6 +476,7 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 				Tokens: len(a.Tokens), PerTokenMS: timing.MS(s.GetTokenLatencyMean().AsDuration()), TTFTMS: timing.MS(s.GetTtft().AsDuration()),
 				Fallback: s.GetFallback()}
 			r.Scores = Score(r.Answer, r.Gold)
+			r.TopShareHasAnswer, r.TopScoreHasAnswer = o.topSources(s.GetSources(), r.Gold)
 			if err := appendJSON(f, r); err != nil {
 				return err
 			}
@@ -490,13 +504,21 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 	res := Result{N: len(o.Questions), K: o.K, DeviceModel: cfg.DeviceModel, CloudModel: cfg.CloudModel,
 		EM: map[string]float64{}, F1: map[string]float64{}, Contained: map[string]float64{},
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
-		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, ClosedBookSides: o.ClosedBookSides}
+		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery,
+		PosteriorEvery: o.PosteriorEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, ClosedBookSides: o.ClosedBookSides,
+		TopSourceContainsAnswer: map[string]float64{}, TopScoreContainsAnswer: map[string]float64{}, SourcesCounted: map[string]int{}}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64
+		var counted, byShare, byScore int
 		for _, q := range o.Questions {
 			r := done[key(q.Source, q.Line, m)]
 			em, f1, in = em+r.EM, f1+r.F1, in+r.Contained
+			if r.Contained > 0 && r.TopShareHasAnswer != nil && r.TopScoreHasAnswer != nil {
+				counted++
+				byShare += b2i(*r.TopShareHasAnswer)
+				byScore += b2i(*r.TopScoreHasAnswer)
+			}
 			if r.Tokens > 1 {
 				per = append(per, r.PerTokenMS)
 			}
@@ -507,9 +529,80 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 		}
 		n := float64(max(len(o.Questions), 1))
 		res.EM[m], res.F1[m], res.Contained[m] = em/n, f1/n, in/n
+		if counted > 0 {
+			res.TopSourceContainsAnswer[m] = float64(byShare) / float64(counted)
+			res.TopScoreContainsAnswer[m] = float64(byScore) / float64(counted)
+			res.SourcesCounted[m] = counted
+		}
 		res.PerTokenMS[m], res.TTFTMS[m] = timing.Median(per), timing.Median(ttft)
 	}
 	return res
+}
+
+// checkWeights checks o's weighing and clears what it does not use.
+func checkWeights(o *Options) error {
+	switch o.Weights {
+	case "", "static", "posterior":
+		o.RerankModel, o.RerankCandidates, o.RescoreEvery = "", 0, 0
+	case "rerank", "dynamic", "rerank-posterior":
+		if o.RerankModel == "" || o.RerankCandidates < 1 {
+			return fmt.Errorf("qabench: weights %s needs a re-ranking model and candidates (got %q, %d)", o.Weights, o.RerankModel, o.RerankCandidates)
+		}
+		if o.Weights != "dynamic" {
+			o.RescoreEvery = 0
+		} else if o.RescoreEvery < 1 {
+			return fmt.Errorf("qabench: weights dynamic needs a rescoring interval (got %d)", o.RescoreEvery)
+		}
+	default:
+		return fmt.Errorf("qabench: weights %q: want static, rerank, dynamic, posterior or rerank-posterior", o.Weights)
+	}
+	if o.Weights == "static" {
+		o.Weights = ""
+	}
+	if !strings.HasSuffix(o.Weights, "posterior") {
+		o.PosteriorEvery = 0
+	} else if o.PosteriorEvery < 1 {
+		return fmt.Errorf("qabench: weights %s needs a posterior interval (got %d)", o.Weights, o.PosteriorEvery)
+	}
+	return nil
+}
+
+// topSources tells whether the answer's source of the largest share and
+// its source of the highest relevance score hold a gold answer (nil, nil
+// without sources).
+func (o Options) topSources(list []*dragonv1.Source, gold []string) (byShare, byScore *bool) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	holds := func(e *dragonv1.Source) *bool {
+		texts := o.DevicePassages
+		if e.GetSide() == dragonv1.Side_SIDE_CLOUD {
+			texts = o.CloudPassages
+		}
+		text, ok := texts[e.GetPassageId()]
+		if !ok {
+			text = e.GetExcerpt() // the closed-book document holds nothing
+		}
+		h := retrievalbench.HasAnswer(text, gold)
+		return &h
+	}
+	top, best := list[0], list[0]
+	for _, e := range list {
+		if e.GetShare() > top.GetShare() {
+			top = e
+		}
+		if e.GetScore() > best.GetScore() {
+			best = e
+		}
+	}
+	return holds(top), holds(best)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func tail(s string) string {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dragon-rag/dragon/bench/retrievalbench"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
 
 func TestSplitIsDeterministicAndTotal(t *testing.T) {
@@ -109,6 +110,8 @@ func TestRunRefusesUnknownWeights(t *testing.T) {
 		{Weights: "rerank"},
 		{Weights: "rerank", RerankModel: "m.gguf"},
 		{Weights: "dynamic", RerankModel: "m.gguf", RerankCandidates: 8},
+		{Weights: "posterior", PosteriorEvery: 0},
+		{Weights: "rerank-posterior", PosteriorEvery: 4},
 	} {
 		o.Modes = []string{"dragon"}
 		_, err := Run(t.Context(), o)
@@ -153,4 +156,45 @@ func TestWriteTopicsRoundTrips(t *testing.T) {
 		assert.Equal(t, qs[i].Question, back[i].Question)
 		assert.Equal(t, i+1, back[i].Line)
 	}
+}
+
+// TestTopSources: the largest-share source and the highest-score source
+// are tested against the gold answers on their passage's whole text (the
+// excerpt where the index has none), and summarize counts them over the
+// answers that contain a gold answer only.
+func TestTopSources(t *testing.T) {
+	o := Options{
+		DevicePassages: map[uint64]string{1: "The capital of Peru is Lima, on the coast."},
+		CloudPassages:  map[uint64]string{1: "Paris is the capital of France.", 2: "Quito is high in the Andes."},
+	}
+	list := []*dragonv1.Source{
+		{Side: dragonv1.Side_SIDE_CLOUD, PassageId: 2, Score: 3, Share: 0.1},
+		{Side: dragonv1.Side_SIDE_DEVICE, PassageId: 1, Score: 1, Share: 0.8},
+		{Side: dragonv1.Side_SIDE_CLOUD, PassageId: 1, Score: 2, Share: 0.1},
+		{Side: dragonv1.Side_SIDE_DEVICE, ClosedBook: true, Score: 0, Share: 0},
+	}
+	byShare, byScore := o.topSources(list, []string{"Lima"})
+	require.NotNil(t, byShare)
+	assert.True(t, *byShare, "the device's passage 1 holds Lima")
+	assert.False(t, *byScore, "the cloud's passage 2 does not")
+	byShare, byScore = o.topSources(nil, []string{"Lima"})
+	assert.Nil(t, byShare)
+	assert.Nil(t, byScore)
+
+	yes, no := true, false
+	cfg := config{K: 2}
+	qs := []Labelled{
+		{Source: "t", Line: 1, Question: retrievalbench.Question{Answers: []string{"Lima"}}},
+		{Source: "t", Line: 2, Question: retrievalbench.Question{Answers: []string{"Lima"}}},
+		{Source: "t", Line: 3, Question: retrievalbench.Question{Answers: []string{"Lima"}}},
+	}
+	done := map[string]Record{
+		key("t", 1, "dragon"): {Scores: Score("Lima", []string{"Lima"}), TopShareHasAnswer: &yes, TopScoreHasAnswer: &no},
+		key("t", 2, "dragon"): {Scores: Score("Lima", []string{"Lima"}), TopShareHasAnswer: &yes, TopScoreHasAnswer: &yes},
+		key("t", 3, "dragon"): {Scores: Score("Quito", []string{"Lima"}), TopShareHasAnswer: &no, TopScoreHasAnswer: &no},
+	}
+	res := summarize(Options{Questions: qs, Modes: []string{"dragon"}}, cfg, done)
+	assert.Equal(t, 2, res.SourcesCounted["dragon"], "the wrong answer is not counted")
+	assert.InDelta(t, 1, res.TopSourceContainsAnswer["dragon"], 1e-12)
+	assert.InDelta(t, 0.5, res.TopScoreContainsAnswer["dragon"], 1e-12)
 }

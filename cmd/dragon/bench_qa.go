@@ -73,10 +73,10 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 				return err
 			}
 			var cloudPassages, devicePassages []string
-			if o.CloudIndex, cloudPassages, err = qaIndex(ctx, work, "cloud", o.CloudModel, cloudFiles, threads, logf); err != nil {
+			if o.CloudIndex, cloudPassages, o.CloudPassages, err = qaIndex(ctx, work, "cloud", o.CloudModel, cloudFiles, threads, logf); err != nil {
 				return err
 			}
-			if o.DeviceIndex, devicePassages, err = qaIndex(ctx, work, "device", o.DeviceModel, deviceFiles, threads, logf); err != nil {
+			if o.DeviceIndex, devicePassages, o.DevicePassages, err = qaIndex(ctx, work, "device", o.DeviceModel, deviceFiles, threads, logf); err != nil {
 				return err
 			}
 			qs, err := qabench.LoadTopics(strings.Split(tops, ",")...)
@@ -97,6 +97,10 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 					ranker += fmt.Sprintf("-rerank%d", o.RerankCandidates)
 				case "dynamic":
 					ranker += fmt.Sprintf("-rerank%d-every%d", o.RerankCandidates, o.RescoreEvery)
+				case "posterior":
+					ranker += fmt.Sprintf("-posterior%d", o.PosteriorEvery)
+				case "rerank-posterior":
+					ranker += fmt.Sprintf("-rerank%d-posterior%d", o.RerankCandidates, o.PosteriorEvery)
 				}
 				if o.Confidence > 0 {
 					ranker += "-conf" + strconv.FormatFloat(o.Confidence, 'f', -1, 64)
@@ -146,7 +150,8 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 	f.IntVar(&n, "n", 300, "questions to ask")
 	f.IntVar(&o.K, "k", 2, "passages per side")
 	f.StringVar(&o.Retrieval, "retrieval", "", "both daemons' ranker: auto (hybrid over these indexes), bm25, dense or hybrid; its scores are the passages' relevance R(d), so they weigh the two sides against each other")
-	f.StringVar(&o.Weights, "weights", "static", "how passages are weighed: static (the first stage's scores), rerank (--rerank-model re-ranks --rerank-candidates passages on each side; R is its logit) or dynamic (re-ranked, then re-scored against the answer every --rescore-every tokens)")
+	f.StringVar(&o.Weights, "weights", "static", "how passages are weighed: static (the first stage's scores), rerank (--rerank-model re-ranks --rerank-candidates passages on each side; R is its logit), dynamic (re-ranked, then re-scored against the answer every --rescore-every tokens), posterior (the first stage's R, then every --posterior-every tokens each passage's posterior given the answer so far) or rerank-posterior (the re-ranker's R, then the posterior)")
+	f.IntVar(&o.PosteriorEvery, "posterior-every", 4, "answer tokens between posterior weightings for --weights posterior and rerank-posterior")
 	f.Float64Var(&o.Confidence, "confidence", 0, "confidence weights: each step's side weights also fall with the entropy of each side's distribution, e^{-H/τ} with τ this temperature in nats (0: DRAGON's weights)")
 	f.StringVar(&o.ClosedBook, "closed-book", "", "the daemons of --closed-book-sides add the closed-book document (the question alone) to every retrieval at this relevance, on the ranker's scale (daemon flag --closed-book; empty: off)")
 	f.StringVar(&o.ClosedBookSides, "closed-book-sides", "both", "the daemons that add the closed-book document: both, cloud or device")
@@ -164,10 +169,10 @@ an ETA go to stderr. Needs make wiki, make embed-model and the models.`,
 // side's model: passages are cut by that model's tokenizer, so the folder
 // is named by the tokenizer's fingerprint, the embedding model and the
 // split. It returns the folder and the passages' texts.
-func qaIndex(ctx context.Context, work, side, model string, files []string, threads int, logf func(string, ...any)) (string, []string, error) {
+func qaIndex(ctx context.Context, work, side, model string, files []string, threads int, logf func(string, ...any)) (string, []string, map[uint64]string, error) {
 	m, err := llamacpp.Load(model, llamacpp.Options{Threads: threads})
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	defer m.Close()
 	id := sha256.Sum256([]byte(m.Info().Fingerprint + "|" + filepath.Base(embedModel) + "|" + qaSplitVersion))
@@ -177,7 +182,7 @@ func qaIndex(ctx context.Context, work, side, model string, files []string, thre
 		logf("qa: indexing the %s half (%d files) into %s...", side, len(files), dir)
 		emb, closeEmb, err := newEmbedder(embedModel, m, threads)
 		if err != nil {
-			return "", nil, err
+			return "", nil, nil, err
 		}
 		defer closeEmb()
 		start := time.Now()
@@ -185,16 +190,18 @@ func qaIndex(ctx context.Context, work, side, model string, files []string, thre
 		ix, _, err = retrieval.Build(ctx, dir, retrieval.Options{Tokenizer: m, Embedder: emb, Progress: bar.update}, files...)
 		bar.done()
 		if err != nil {
-			return "", nil, fmt.Errorf("qa: index of the %s half: %w", side, err)
+			return "", nil, nil, fmt.Errorf("qa: index of the %s half: %w", side, err)
 		}
 		logf("qa: %s half indexed in %v", side, time.Since(start).Round(time.Second))
 	}
 	defer ix.Close()
 	var texts []string
+	byID := map[uint64]string{}
 	for _, p := range ix.Passages() {
 		texts = append(texts, p.Text)
+		byID[p.ID] = p.Text
 	}
-	return dir, texts, nil
+	return dir, texts, byID, nil
 }
 
 // modelStem is a model file's name without its extension.
@@ -203,9 +210,15 @@ func modelStem(path string) string {
 }
 
 func printQA(w io.Writer, r qabench.Result, modes []string) {
-	fmt.Fprintf(w, "%d questions, k = %d, device %s, cloud %s (records: %s)\n", r.N, r.K, r.DeviceModel, r.CloudModel, r.Records)
-	fmt.Fprintf(w, "%-12s %6s %6s %9s %12s %9s\n", "mode", "EM", "F1", "contained", "ms/token", "TTFT ms")
+	fmt.Fprintf(w, "%d questions, k = %d, device %s, cloud %s, weights %s (records: %s)\n", r.N, r.K, r.DeviceModel, r.CloudModel, r.Weights, r.Records)
+	fmt.Fprintf(w, "%-12s %6s %6s %9s %12s %9s %10s %10s\n", "mode", "EM", "F1", "contained", "ms/token", "TTFT ms", "top share", "top score")
 	for _, m := range modes {
-		fmt.Fprintf(w, "%-12s %6.3f %6.3f %9.3f %12.1f %9.0f\n", m, r.EM[m], r.F1[m], r.Contained[m], r.PerTokenMS[m], r.TTFTMS[m])
+		fmt.Fprintf(w, "%-12s %6.3f %6.3f %9.3f %12.1f %9.0f", m, r.EM[m], r.F1[m], r.Contained[m], r.PerTokenMS[m], r.TTFTMS[m])
+		if n := r.SourcesCounted[m]; n > 0 {
+			// Of the answers that contain a gold answer, those whose
+			// largest-share (highest-score) source holds it.
+			fmt.Fprintf(w, " %10.3f %10.3f", r.TopSourceContainsAnswer[m], r.TopScoreContainsAnswer[m])
+		}
+		fmt.Fprintln(w)
 	}
 }
