@@ -36,6 +36,9 @@ type Mode struct {
 	// Hedges and HedgeDepth, when Hedges > 0, let both sides hedge their
 	// drafts (GenerateRequest.max_hedges, hedge_depth).
 	Hedges, HedgeDepth int
+	// NoSources leaves the answer's sources out (GenerateRequest.
+	// omit_sources): what keeping them costs.
+	NoSources bool
 }
 
 // Options of a run.
@@ -391,7 +394,7 @@ func sampling(o Options, qi int) *dragonv1.SamplingParams {
 // time per token after the first.
 func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, p *dragonv1.SamplingParams) (answer, error) {
 	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: p,
-		MaxHedges: uint32(m.Hedges), HedgeDepth: uint32(m.HedgeDepth)})
+		MaxHedges: uint32(m.Hedges), HedgeDepth: uint32(m.HedgeDepth), OmitSources: m.NoSources})
 	if err != nil {
 		return answer{}, err
 	}

@@ -19,10 +19,12 @@ func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
 
 // blindMode is dragon mode with Blind drafts, to measure what drafting
 // beside the peer's drafts is worth; hedgedMode dragon mode with hedged
-// drafts.
+// drafts; noSourcesMode dragon mode without the answer's sources, to
+// measure what they cost.
 const (
-	blindMode  = "dragon-blind"
-	hedgedMode = "dragon-hedged"
+	blindMode     = "dragon-blind"
+	hedgedMode    = "dragon-hedged"
+	noSourcesMode = "dragon-nosources"
 )
 
 func newBenchAggCmd() *cobra.Command {
@@ -57,15 +59,15 @@ make model, make index and (optionally) make profile first.`,
 			}
 			for _, name := range strings.Split(modes, ",") {
 				name = strings.TrimSpace(name)
-				blind, hedged, base := name == blindMode, name == hedgedMode, name
-				if blind || hedged {
+				blind, hedged, bare, base := name == blindMode, name == hedgedMode, name == noSourcesMode, name
+				if blind || hedged || bare {
 					base = "dragon"
 				}
 				m, err := parseModeName(base)
 				if err != nil {
 					return fmt.Errorf("--modes: %w", err)
 				}
-				mode := aggbench.Mode{Name: name, Mode: m, Blind: blind}
+				mode := aggbench.Mode{Name: name, Mode: m, Blind: blind, NoSources: bare}
 				if hedged {
 					if hedges < 1 {
 						return fmt.Errorf("--modes %s needs --hedges of at least 1", hedgedMode)
@@ -114,7 +116,7 @@ make model, make index and (optionally) make profile first.`,
 	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
-	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's; "+hedgedMode+": dragon with hedged drafts)")
+	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's; "+hedgedMode+": dragon with hedged drafts; "+noSourcesMode+": dragon without the answer's sources)")
 	f.IntVar(&hedges, "hedges", 2, "with "+hedgedMode+": hedges each side may have open (both daemons reserve as many branches)")
 	f.IntVar(&depth, "hedge-depth", 256, "with "+hedgedMode+": drafts of each hedge's branch")
 	f.Float64Var(&hedgeBelow, "hedge-below", 0, "with "+hedgedMode+": hedge every draft of probability below this instead of where the measured rule says it pays (0: the rule)")
