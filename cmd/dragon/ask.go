@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 	"github.com/dragon-rag/dragon/sampling"
+	"github.com/dragon-rag/dragon/sources"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -92,6 +94,7 @@ func newAskCmd() *cobra.Command {
 		modelPath, indexDir, question, modeName, aggName string
 		threads, k, maxTokens                            int
 		noSpec, quiet                                    bool
+		sharesOf                                         string
 		treeBudget                                       int
 		sp                                               sampling.Params
 		remote                                           remoteAsk
@@ -169,6 +172,9 @@ from --index, decode one sequence per passage, mix.`,
 				}
 			}
 			out := cmd.OutOrStdout()
+			if sharesOf != "" {
+				return printShares(cmd.Context(), out, d, question, passages, sharesOf)
+			}
 			res, err := d.Generate(cmd.Context(), decoder.Request{Query: question, Passages: passages, Sampling: sp, MaxTokens: maxTokens},
 				func(_ engine.Token, text string) error {
 					_, err := fmt.Fprint(out, text)
@@ -197,7 +203,51 @@ from --index, decode one sequence per passage, mix.`,
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
 	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees need a unified KV buffer)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
+	f.StringVar(&sharesOf, "shares-of", "", "without --device: decode this answer instead of generating one, and print after each of its tokens each passage's share of the answer so far (the mixture's posterior, as an answer's sources give it)")
 	addSamplingFlags(f, &sp)
 	remote.register(cmd)
 	return cmd
+}
+
+// printShares decodes answer over passages, token by token, and prints
+// after each token the text so far and each passage's share of it: the
+// mixture's posterior given those tokens (sources.Shares over the
+// passages' relevance and evidence).
+func printShares(ctx context.Context, w io.Writer, d *decoder.Decoder, question string, passages []decoder.Passage, answer string) error {
+	if len(passages) == 0 {
+		return errors.New("--shares-of needs passages: give an --index")
+	}
+	d.SetEvidence(true)
+	if err := d.Begin(ctx, question, passages, nil); err != nil {
+		return err
+	}
+	toks, err := d.Model().Tokenize(answer, false, false)
+	if err != nil {
+		return err
+	}
+	scores := make([]float64, len(passages))
+	for i, p := range passages {
+		scores[i] = p.Score
+		fmt.Fprintf(w, "passage %d: R=%.3f %s %q\n", i+1, p.Score, p.Source, sources.Excerpt(p.Text, 80))
+	}
+	detok := engine.NewDetokenizer(d.Model())
+	var text strings.Builder
+	for n, t := range toks {
+		if _, err := d.Next(ctx); err != nil {
+			return err
+		}
+		d.Push(t)
+		text.WriteString(detok.Add(t))
+		ll, err := d.Evidence(ctx, n+1)
+		if err != nil {
+			return err
+		}
+		_, shares := sources.Shares(scores, ll)
+		fmt.Fprintf(w, "%-64q", text.String())
+		for _, s := range shares {
+			fmt.Fprintf(w, " %.3f", s)
+		}
+		fmt.Fprintln(w)
+	}
+	return nil
 }

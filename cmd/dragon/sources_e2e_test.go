@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -291,4 +293,33 @@ func TestAnswerSourcesEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, a.Tokens, b.Tokens, "the same greedy answer without sources")
 	assert.Empty(t, b.Summary.GetSources())
+}
+
+// TestAskSharesOf: dragon ask --shares-of decodes a given answer over the
+// retrieved passages and prints, after each of its tokens, each passage's
+// share of the answer so far, summing to 1.
+func TestAskSharesOf(t *testing.T) {
+	argv := []string{"ask", "--model", testmodel.Path(t), "--index", testmodel.IndexDir(t, "device"), "--retrieval", "bm25",
+		"-k", "2", "--threads", "1", "--question", "What did my mail say about California electricity prices?",
+		"--shares-of", "Prices were soaring in California."}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "DRAGON_CHILD_ARGS="+strings.Join(argv, "\n"))
+	out, err := cmd.Output()
+	require.NoError(t, err, "%s", out)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.Greater(t, len(lines), 3, "%s", out)
+	assert.True(t, strings.HasPrefix(lines[0], "passage 1: R="), lines[0])
+	assert.True(t, strings.HasPrefix(lines[1], "passage 2: R="), lines[1])
+	for _, l := range lines[2:] {
+		f := strings.Fields(l)
+		require.GreaterOrEqual(t, len(f), 3, l)
+		var sum float64
+		for _, v := range f[len(f)-2:] {
+			x, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err, l)
+			sum += x
+		}
+		assert.InDelta(t, 1, sum, 2e-3, l)
+	}
+	assert.Contains(t, lines[len(lines)-1], `"Prices were soaring in California."`)
 }
