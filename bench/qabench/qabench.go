@@ -215,6 +215,20 @@ type Record struct {
 	// without sources).
 	TopShareHasAnswer *bool `json:"top_share_has_answer,omitempty"`
 	TopScoreHasAnswer *bool `json:"top_score_has_answer,omitempty"`
+	// Sources are the answer's sources as the device listed them, largest
+	// share first.
+	Sources []RecordSource `json:"sources,omitempty"`
+}
+
+// RecordSource is one of an answer's sources: its side and passage, its
+// relevance and share, and whether its passage holds a gold answer.
+type RecordSource struct {
+	Side       string  `json:"side"`
+	PassageID  uint64  `json:"passage_id"`
+	ClosedBook bool    `json:"closed_book,omitempty"`
+	Score      float64 `json:"score"`
+	Share      float64 `json:"share"`
+	HasAnswer  bool    `json:"has_answer"`
 }
 
 // header is the first line of a records file: what its answers depend on.
@@ -260,6 +274,9 @@ type Result struct {
 	// SourcesCounted how many answers those fractions are over.
 	TopSourceContainsAnswer map[string]float64 `json:"top_source_contains_answer"`
 	TopScoreContainsAnswer  map[string]float64 `json:"top_score_contains_answer"`
+	// AnySourceContainsAnswer is, over the same answers, the fraction with
+	// any source that holds it: what a citation could at best point to.
+	AnySourceContainsAnswer map[string]float64 `json:"any_source_contains_answer"`
 	SourcesCounted          map[string]int     `json:"sources_counted"`
 	Records                 string             `json:"records"`
 	Retrieval               string             `json:"retrieval"`
@@ -476,7 +493,8 @@ func answerAll(ctx context.Context, o Options, cfg config, done map[string]Recor
 				Tokens: len(a.Tokens), PerTokenMS: timing.MS(s.GetTokenLatencyMean().AsDuration()), TTFTMS: timing.MS(s.GetTtft().AsDuration()),
 				Fallback: s.GetFallback()}
 			r.Scores = Score(r.Answer, r.Gold)
-			r.TopShareHasAnswer, r.TopScoreHasAnswer = o.topSources(s.GetSources(), r.Gold)
+			r.Sources = o.recordSources(s.GetSources(), r.Gold)
+			r.TopShareHasAnswer, r.TopScoreHasAnswer = topSources(r.Sources)
 			if err := appendJSON(f, r); err != nil {
 				return err
 			}
@@ -506,11 +524,12 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 		PerTokenMS: map[string]float64{}, TTFTMS: map[string]float64{}, Fallbacks: map[string]int{}, Records: o.Records,
 		Retrieval: cmp.Or(o.Retrieval, "auto"), Weights: cmp.Or(o.Weights, "static"), RerankCandidates: o.RerankCandidates, RescoreEvery: o.RescoreEvery,
 		PosteriorEvery: o.PosteriorEvery, Confidence: o.Confidence, ClosedBook: o.ClosedBook, ClosedBookSides: o.ClosedBookSides,
-		TopSourceContainsAnswer: map[string]float64{}, TopScoreContainsAnswer: map[string]float64{}, SourcesCounted: map[string]int{}}
+		TopSourceContainsAnswer: map[string]float64{}, TopScoreContainsAnswer: map[string]float64{}, AnySourceContainsAnswer: map[string]float64{},
+		SourcesCounted: map[string]int{}}
 	for _, m := range o.Modes {
 		var per, ttft []float64
 		var em, f1, in float64
-		var counted, byShare, byScore int
+		var counted, byShare, byScore, byAny int
 		for _, q := range o.Questions {
 			r := done[key(q.Source, q.Line, m)]
 			em, f1, in = em+r.EM, f1+r.F1, in+r.Contained
@@ -518,6 +537,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 				counted++
 				byShare += b2i(*r.TopShareHasAnswer)
 				byScore += b2i(*r.TopScoreHasAnswer)
+				byAny += b2i(slices.ContainsFunc(r.Sources, func(e RecordSource) bool { return e.HasAnswer }))
 			}
 			if r.Tokens > 1 {
 				per = append(per, r.PerTokenMS)
@@ -532,6 +552,7 @@ func summarize(o Options, cfg config, done map[string]Record) Result {
 		if counted > 0 {
 			res.TopSourceContainsAnswer[m] = float64(byShare) / float64(counted)
 			res.TopScoreContainsAnswer[m] = float64(byScore) / float64(counted)
+			res.AnySourceContainsAnswer[m] = float64(byAny) / float64(counted)
 			res.SourcesCounted[m] = counted
 		}
 		res.PerTokenMS[m], res.TTFTMS[m] = timing.Median(per), timing.Median(ttft)
@@ -567,35 +588,42 @@ func checkWeights(o *Options) error {
 	return nil
 }
 
-// topSources tells whether the answer's source of the largest share and
-// its source of the highest relevance score hold a gold answer (nil, nil
+// recordSources are an answer's sources as its record keeps them, each
+// tested against the gold answers on its passage's whole text (DPR's
+// has-answer test; the closed-book document holds nothing).
+func (o Options) recordSources(list []*dragonv1.Source, gold []string) []RecordSource {
+	out := make([]RecordSource, len(list))
+	for i, e := range list {
+		texts, side := o.DevicePassages, "device"
+		if e.GetSide() == dragonv1.Side_SIDE_CLOUD {
+			texts, side = o.CloudPassages, "cloud"
+		}
+		r := RecordSource{Side: side, PassageID: e.GetPassageId(), ClosedBook: e.GetClosedBook(), Score: e.GetScore(), Share: e.GetShare()}
+		if text, ok := texts[e.GetPassageId()]; ok && !r.ClosedBook {
+			r.HasAnswer = retrievalbench.HasAnswer(text, gold)
+		}
+		out[i] = r
+	}
+	return out
+}
+
+// topSources tells whether the source of the largest share and the
+// source of the highest relevance score hold a gold answer (nil, nil
 // without sources).
-func (o Options) topSources(list []*dragonv1.Source, gold []string) (byShare, byScore *bool) {
+func topSources(list []RecordSource) (byShare, byScore *bool) {
 	if len(list) == 0 {
 		return nil, nil
 	}
-	holds := func(e *dragonv1.Source) *bool {
-		texts := o.DevicePassages
-		if e.GetSide() == dragonv1.Side_SIDE_CLOUD {
-			texts = o.CloudPassages
-		}
-		text, ok := texts[e.GetPassageId()]
-		if !ok {
-			text = e.GetExcerpt() // the closed-book document holds nothing
-		}
-		h := retrievalbench.HasAnswer(text, gold)
-		return &h
-	}
 	top, best := list[0], list[0]
 	for _, e := range list {
-		if e.GetShare() > top.GetShare() {
+		if e.Share > top.Share {
 			top = e
 		}
-		if e.GetScore() > best.GetScore() {
+		if e.Score > best.Score {
 			best = e
 		}
 	}
-	return holds(top), holds(best)
+	return &top.HasAnswer, &best.HasAnswer
 }
 
 func b2i(b bool) int {

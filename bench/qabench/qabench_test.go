@@ -173,11 +173,15 @@ func TestTopSources(t *testing.T) {
 		{Side: dragonv1.Side_SIDE_CLOUD, PassageId: 1, Score: 2, Share: 0.1},
 		{Side: dragonv1.Side_SIDE_DEVICE, ClosedBook: true, Score: 0, Share: 0},
 	}
-	byShare, byScore := o.topSources(list, []string{"Lima"})
+	recs := o.recordSources(list, []string{"Lima"})
+	require.Len(t, recs, 4)
+	assert.Equal(t, RecordSource{Side: "device", PassageID: 1, Score: 1, Share: 0.8, HasAnswer: true}, recs[1])
+	assert.False(t, recs[3].HasAnswer, "the closed-book document holds nothing")
+	byShare, byScore := topSources(recs)
 	require.NotNil(t, byShare)
 	assert.True(t, *byShare, "the device's passage 1 holds Lima")
 	assert.False(t, *byScore, "the cloud's passage 2 does not")
-	byShare, byScore = o.topSources(nil, []string{"Lima"})
+	byShare, byScore = topSources(nil)
 	assert.Nil(t, byShare)
 	assert.Nil(t, byScore)
 
@@ -189,7 +193,7 @@ func TestTopSources(t *testing.T) {
 		{Source: "t", Line: 3, Question: retrievalbench.Question{Answers: []string{"Lima"}}},
 	}
 	done := map[string]Record{
-		key("t", 1, "dragon"): {Scores: Score("Lima", []string{"Lima"}), TopShareHasAnswer: &yes, TopScoreHasAnswer: &no},
+		key("t", 1, "dragon"): {Scores: Score("Lima", []string{"Lima"}), TopShareHasAnswer: &yes, TopScoreHasAnswer: &no, Sources: []RecordSource{{HasAnswer: true}}},
 		key("t", 2, "dragon"): {Scores: Score("Lima", []string{"Lima"}), TopShareHasAnswer: &yes, TopScoreHasAnswer: &yes},
 		key("t", 3, "dragon"): {Scores: Score("Quito", []string{"Lima"}), TopShareHasAnswer: &no, TopScoreHasAnswer: &no},
 	}
@@ -197,4 +201,5 @@ func TestTopSources(t *testing.T) {
 	assert.Equal(t, 2, res.SourcesCounted["dragon"], "the wrong answer is not counted")
 	assert.InDelta(t, 1, res.TopSourceContainsAnswer["dragon"], 1e-12)
 	assert.InDelta(t, 0.5, res.TopScoreContainsAnswer["dragon"], 1e-12)
+	assert.InDelta(t, 0.5, res.AnySourceContainsAnswer["dragon"], 1e-12, "one of the two has a source that holds it")
 }

@@ -211,13 +211,13 @@ func modelStem(path string) string {
 
 func printQA(w io.Writer, r qabench.Result, modes []string) {
 	fmt.Fprintf(w, "%d questions, k = %d, device %s, cloud %s, weights %s (records: %s)\n", r.N, r.K, r.DeviceModel, r.CloudModel, r.Weights, r.Records)
-	fmt.Fprintf(w, "%-12s %6s %6s %9s %12s %9s %10s %10s\n", "mode", "EM", "F1", "contained", "ms/token", "TTFT ms", "top share", "top score")
+	fmt.Fprintf(w, "%-12s %6s %6s %9s %12s %9s %10s %10s %10s\n", "mode", "EM", "F1", "contained", "ms/token", "TTFT ms", "top share", "top score", "any source")
 	for _, m := range modes {
 		fmt.Fprintf(w, "%-12s %6.3f %6.3f %9.3f %12.1f %9.0f", m, r.EM[m], r.F1[m], r.Contained[m], r.PerTokenMS[m], r.TTFTMS[m])
 		if n := r.SourcesCounted[m]; n > 0 {
 			// Of the answers that contain a gold answer, those whose
 			// largest-share (highest-score) source holds it.
-			fmt.Fprintf(w, " %10.3f %10.3f", r.TopSourceContainsAnswer[m], r.TopScoreContainsAnswer[m])
+			fmt.Fprintf(w, " %10.3f %10.3f %10.3f", r.TopSourceContainsAnswer[m], r.TopScoreContainsAnswer[m], r.AnySourceContainsAnswer[m])
 		}
 		fmt.Fprintln(w)
 	}
