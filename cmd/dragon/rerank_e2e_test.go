@@ -16,15 +16,16 @@ import (
 
 // TestRerankedPairGreedyDragonEqualsTokenWise: with both sides re-ranking
 // their candidates by the cross-encoder (R its logit on both), and with
-// dynamic weights rescored every 4 tokens, or with the closed-book
-// document beside the passages, greedy DRAGON, the aggregator moving every
-// 3 steps over a 15 ms link, emits what greedy token-wise synchronisation
-// does.
+// dynamic weights rescored every 4 tokens, or posterior weights every 2,
+// or with the closed-book document beside the passages, greedy DRAGON, the
+// aggregator moving every 3 steps over a 15 ms link, emits what greedy
+// token-wise synchronisation does.
 func TestRerankedPairGreedyDragonEqualsTokenWise(t *testing.T) {
 	for name, extra := range map[string][]string{
 		"rerank":      nil,
 		"dynamic":     {"--rescore-every", "4"},
 		"closed book": {"--closed-book", "0"},
+		"posterior":   {"--posterior-every", "2"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rr := append([]string{"--rerank-model", testmodel.RerankPath(t), "--rerank-candidates", "6"}, extra...)
