@@ -211,6 +211,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	dec.SetSystem(req.System)
 	dec.SetHistory(req.History)
 	dec.SetEvidence(req.Sources)
+	dec.SetPosteriorEvery(req.PosteriorEvery)
 	log.Debug("cloud session", "passages", len(passages))
 	var sum session.Summary
 	switch req.Mode {

@@ -231,6 +231,10 @@ type Decoder struct {
 	// generations that begin while wantEvidence is set.
 	ev           evidence
 	wantEvidence bool
+	// posterior is the current generation's posterior interval
+	// (Options.PosteriorEvery, or SetPosteriorEvery's when set: wantPosterior
+	// ≥ 0).
+	posterior, wantPosterior int
 }
 
 // New creates a decoder and its engine context.
@@ -284,7 +288,7 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 			return nil, fmt.Errorf("decoder: %w", err)
 		}
 	}
-	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches, unused: m.Info().Unused}
+	d := &Decoder{model: m, ectx: c, opts: opts, vocab: c.VocabSize(), branches: branches, unused: m.Info().Unused, wantPosterior: -1}
 	d.logits = make([]float32, d.vocab)
 	d.next = make([]float32, d.vocab)
 	d.acc = specdec.NewAcceptance(0.5)
@@ -307,6 +311,11 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 // SetSystem sets the system message of the generations that follow (""
 // restores Options.System).
 func (d *Decoder) SetSystem(system string) { d.system = system }
+
+// SetPosteriorEvery sets the posterior weights' interval of the
+// generations that begin after it (Options.PosteriorEvery; 0: static
+// weights; negative: back to Options').
+func (d *Decoder) SetPosteriorEvery(n int) { d.wantPosterior = max(n, -1) }
 
 // Close frees the engine context.
 func (d *Decoder) Close() error { return d.ectx.Close() }
@@ -423,7 +432,11 @@ func (d *Decoder) begin(ctx context.Context, texts []string, imported []Imported
 	d.hTilde = hTilde
 	d.epochs = append(d.epochs[:0], weightEpoch{from: 0, w: d.w, hTilde: hTilde})
 	d.gen = d.gen[:0]
-	d.ev.reset(d.wantEvidence || d.opts.PosteriorEvery > 0)
+	d.posterior = d.opts.PosteriorEvery
+	if d.wantPosterior >= 0 {
+		d.posterior = d.wantPosterior
+	}
+	d.ev.reset(d.wantEvidence || d.posterior > 0)
 	d.own, d.restored = own, 0
 	d.held = make([]int, len(d.prompts))
 	d.known = make([][]float32, len(d.prompts))
@@ -924,8 +937,8 @@ func (d *Decoder) dropEpochsAfter(n int) {
 // weightsEvery is how many answer tokens the weights hold (0: all).
 func (d *Decoder) weightsEvery() int {
 	switch {
-	case d.opts.PosteriorEvery > 0:
-		return d.opts.PosteriorEvery
+	case d.posterior > 0:
+		return d.posterior
 	case d.opts.RescoreEvery > 0 && d.opts.Rescore != nil:
 		return d.opts.RescoreEvery
 	}
@@ -936,7 +949,7 @@ func (d *Decoder) weightsEvery() int {
 // first epoch's plus their evidence of the answer's first b tokens
 // (posterior weights), or the re-scorer's against them.
 func (d *Decoder) epochScores(ctx context.Context, b int) ([]float64, error) {
-	if d.opts.PosteriorEvery > 0 {
+	if d.posterior > 0 {
 		if d.ev.firstMissing(b) >= 0 {
 			// The pass that decodes the missing terms mixes the next
 			// token's distribution under the last epoch's weights: it is

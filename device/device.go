@@ -221,6 +221,7 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	s.dec.SetSystem(req.System)
 	s.dec.SetHistory(req.History)
 	s.dec.SetEvidence(req.Sources)
+	s.dec.SetPosteriorEvery(req.PosteriorEvery)
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -200,6 +201,8 @@ type options struct {
 	// IncludeSources false leaves the answer's sources out (PrivateGPT's
 	// name for the switch; they are on by default).
 	IncludeSources *bool `json:"include_sources"`
+	// PosteriorEvery: GenerateRequest's posterior_every.
+	PosteriorEvery *int `json:"posterior_every"`
 }
 
 type chatRequest struct {
@@ -308,6 +311,12 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 		g.ConfidenceTemperature = float32(*opts.ConfidenceTemperature)
 	}
 	g.OmitSources = opts.IncludeSources != nil && !*opts.IncludeSources
+	if p := opts.PosteriorEvery; p != nil {
+		if *p < 0 || *p > session.MaxPosteriorEvery {
+			return nil, bad("posterior_every %d: need 0 (off) to %d", *p, session.MaxPosteriorEvery)
+		}
+		g.PosteriorEvery = proto.Uint32(uint32(*p))
+	}
 	if opts.Strategy != "" {
 		st, err := aggregator.ParseStrategy(opts.Strategy)
 		if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
@@ -152,6 +154,9 @@ type Request struct {
 	Hedges, HedgeDepth int
 	// Sources asks for the answer's sources (Options.Sources).
 	Sources bool
+	// PosteriorEvery is both sides' posterior weights' interval
+	// (decoder.SetPosteriorEvery; 0: static weights).
+	PosteriorEvery int
 }
 
 // Hedge limits a request may ask for: a hedge's branch must reach over a
@@ -179,6 +184,30 @@ type Defaults struct {
 	MaxTokens                     int
 	PassagesDevice, PassagesCloud int
 	Mode                          dragonv1.Mode
+	PosteriorEvery                int
+}
+
+// MaxPosteriorEvery bounds a request's posterior interval (a longer one
+// than any answer is static weights).
+const MaxPosteriorEvery = 1 << 16
+
+// posteriorEvery reads a request's posterior interval: the default where
+// it does not say; refused beside hedged drafts (a branch decodes under
+// the weights of its fork).
+func posteriorEvery(p *uint32, def Defaults, r Request) (int, error) {
+	if p == nil {
+		if r.Hedges > 0 {
+			return 0, nil // the daemon's posterior default yields to hedges the request asked for
+		}
+		return def.PosteriorEvery, nil
+	}
+	switch {
+	case *p > MaxPosteriorEvery:
+		return 0, wire.InvalidArgument("posterior_every", fmt.Sprintf("%d: at most %d", *p, MaxPosteriorEvery))
+	case *p > 0 && r.Hedges > 0:
+		return 0, wire.InvalidArgument("posterior_every", "hedged drafts need static weights: ask for one or the other")
+	}
+	return int(*p), nil
 }
 
 // ParseSampling reads and checks sampling parameters; field names the
@@ -260,6 +289,9 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if r.Hedges, r.HedgeDepth, err = hedges(b.GetMaxHedges(), b.GetHedgeDepth(), r); err != nil {
 		return r, err
 	}
+	if r.PosteriorEvery, err = posteriorEvery(b.PosteriorEvery, def, r); err != nil {
+		return r, err
+	}
 	return r, nil
 }
 
@@ -327,6 +359,9 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 		return r, err
 	}
 	if r.Confidence, err = confidence(g.GetConfidenceTemperature()); err != nil {
+		return r, err
+	}
+	if r.PosteriorEvery, err = posteriorEvery(g.PosteriorEvery, def, r); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -488,6 +523,6 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		PassagesDevice: uint32(r.PassagesDevice), PassagesCloud: uint32(r.PassagesCloud),
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
 		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence), Sources: r.Sources,
-		MaxHedges: uint32(r.Hedges), HedgeDepth: uint32(r.HedgeDepth),
+		MaxHedges: uint32(r.Hedges), HedgeDepth: uint32(r.HedgeDepth), PosteriorEvery: proto.Uint32(uint32(r.PosteriorEvery)),
 	}
 }

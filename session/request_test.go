@@ -72,6 +72,48 @@ func TestConfidenceTemperatureChecked(t *testing.T) {
 	}
 }
 
+// TestPosteriorEvery: a request's posterior interval reaches both sides;
+// where it does not say, the device's default does (the cloud's only for
+// a Begin without one); too long an interval, or one beside hedges, is
+// refused on either side.
+func TestPosteriorEvery(t *testing.T) {
+	lim, def := testLimits, testDefaults
+	def.PosteriorEvery = 3
+	for name, c := range map[string]struct {
+		ask  *uint32
+		want int
+	}{
+		"the default": {nil, 3},
+		"off":         {proto.Uint32(0), 0},
+		"every token": {proto.Uint32(1), 1},
+	} {
+		dev, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", PosteriorEvery: c.ask}, lim, def)
+		require.NoError(t, err, name)
+		assert.Equal(t, c.want, dev.PosteriorEvery, name)
+		cloudDef := def
+		cloudDef.PosteriorEvery = 7 // the device's value wins
+		cld, err := ParseBegin(dev.Begin(1), lim, cloudDef)
+		require.NoError(t, err, name)
+		assert.Equal(t, c.want, cld.PosteriorEvery, name)
+	}
+	cld, err := ParseBegin(&dragonv1.Begin{Query: "q"}, lim, def)
+	require.NoError(t, err)
+	assert.Equal(t, 3, cld.PosteriorEvery, "an older device's Begin: the cloud's default")
+	hedged, err := ParseGenerate(&dragonv1.GenerateRequest{Prompt: "q", MaxHedges: 2, HedgeDepth: 8}, lim, def)
+	require.NoError(t, err)
+	assert.Zero(t, hedged.PosteriorEvery, "hedges asked for: the default yields")
+	for name, g := range map[string]*dragonv1.GenerateRequest{
+		"too long":      {Prompt: "q", PosteriorEvery: proto.Uint32(MaxPosteriorEvery + 1)},
+		"beside hedges": {Prompt: "q", PosteriorEvery: proto.Uint32(2), MaxHedges: 2, HedgeDepth: 8},
+	} {
+		_, err := ParseGenerate(g, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+		assert.ErrorContains(t, err, "posterior_every", name)
+		_, err = ParseBegin(&dragonv1.Begin{Query: "q", PosteriorEvery: g.PosteriorEvery, MaxHedges: g.GetMaxHedges(), HedgeDepth: g.GetHedgeDepth()}, lim, def)
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "%s: %v", name, err)
+	}
+}
+
 // TestHedgeLimitsChecked: hedges beyond the limits, without a depth, or
 // where drafts are not shared are refused on either side.
 func TestHedgeLimitsChecked(t *testing.T) {
@@ -263,6 +305,7 @@ func FuzzParseRequests(f *testing.F) {
 		{Prompt: "q", Mode: dragonv1.Mode_MODE_TOKEN_WISE_SYNC, CodecTopP: 0.9, Sampling: &dragonv1.SamplingParams{MaxTokens: 40, Seed: 9, Temperature: 0.7, TopK: 40, TopP: 0.95, Stop: []string{"\n"}}, ConfidenceTemperature: 0.5},
 		{Prompt: "q", MaxHedges: 2, HedgeDepth: 80, Aggregator: dragonv1.Side_SIDE_CLOUD, PassagesDevice: 4, PassagesCloud: 1},
 		{Prompt: "q", History: []*dragonv1.ChatTurn{{Role: dragonv1.ChatRole_CHAT_ROLE_USER, Content: "a"}, {Role: dragonv1.ChatRole_CHAT_ROLE_ASSISTANT}}},
+		{Prompt: "q", PosteriorEvery: proto.Uint32(4), OmitSources: true},
 	} {
 		b, err := proto.Marshal(g)
 		require.NoError(f, err)
@@ -284,6 +327,7 @@ func FuzzParseRequests(f *testing.F) {
 				require.Equal(t, dev.System, cld.System)
 				require.Equal(t, dev.History, cld.History)
 				require.Equal(t, dev.Stop, cld.Stop)
+				require.Equal(t, dev.PosteriorEvery, cld.PosteriorEvery, "both sides weigh at the same positions")
 				for _, side := range aggregator.Sides {
 					require.Equal(t, dev.Options(side, 7), cld.Options(side, 7), "%v", side)
 				}

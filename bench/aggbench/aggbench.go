@@ -39,6 +39,8 @@ type Mode struct {
 	// NoSources leaves the answer's sources out (GenerateRequest.
 	// omit_sources): what keeping them costs.
 	NoSources bool
+	// PosteriorEvery, when not nil, is GenerateRequest.posterior_every.
+	PosteriorEvery *uint32
 }
 
 // Options of a run.
@@ -394,7 +396,7 @@ func sampling(o Options, qi int) *dragonv1.SamplingParams {
 // time per token after the first.
 func ask(ctx context.Context, c dragonv1.DeviceServiceClient, q string, m Mode, p *dragonv1.SamplingParams) (answer, error) {
 	a, err := Ask(ctx, c, &dragonv1.GenerateRequest{Prompt: q, Mode: m.Mode, Strategy: m.Strategy, BlindDrafts: m.Blind, Sampling: p,
-		MaxHedges: uint32(m.Hedges), HedgeDepth: uint32(m.HedgeDepth), OmitSources: m.NoSources})
+		MaxHedges: uint32(m.Hedges), HedgeDepth: uint32(m.HedgeDepth), OmitSources: m.NoSources, PosteriorEvery: m.PosteriorEvery})
 	if err != nil {
 		return answer{}, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/device"
@@ -27,6 +28,7 @@ type remoteAsk struct {
 	hedges, hedgeDepth                           int
 	codecTopP                                    float64
 	asJSON, noSources                            bool
+	posteriorEvery                               int
 	stop                                         []string
 	grpc                                         wire.Config
 	// From the shared ask flags.
@@ -50,6 +52,7 @@ func (r *remoteAsk) register(cmd *cobra.Command) {
 	f.StringVar(&r.trace, "trace", "", "with --device: write the decoding/acceptance trace here (for dragon bench sched --trace)")
 	f.BoolVar(&r.asJSON, "json", false, "with --device: print the answer's summary and sources as one JSON object on stdout (the answer streams to stderr)")
 	f.BoolVar(&r.noSources, "no-sources", false, "with --device: leave the answer's sources out (the sides then keep no evidence of it)")
+	f.IntVar(&r.posteriorEvery, "posterior-every", -1, "with --device: posterior weights every this many answer tokens (0: off; default the daemon's)")
 	r.grpc.RegisterFlags(f, "device-")
 }
 
@@ -72,6 +75,9 @@ func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) 
 			MinP: float32(r.sampling.MinP), RepetitionPenalty: float32(r.sampling.RepeatPenalty), Seed: r.sampling.Seed,
 			MaxTokens: uint32(max(r.maxTokens, 0)), Stop: r.stop,
 		},
+	}
+	if r.posteriorEvery >= 0 {
+		req.PosteriorEvery = proto.Uint32(uint32(r.posteriorEvery))
 	}
 	if r.mode != "" {
 		m, err := parseModeName(r.mode)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/bench/aggbench"
 	"github.com/dragon-rag/dragon/bench/promptset"
@@ -20,11 +21,13 @@ func init() { benchCommands = append(benchCommands, newBenchAggCmd) }
 // blindMode is dragon mode with Blind drafts, to measure what drafting
 // beside the peer's drafts is worth; hedgedMode dragon mode with hedged
 // drafts; noSourcesMode dragon mode without the answer's sources, to
-// measure what they cost.
+// measure what they cost; posteriorMode dragon mode with posterior
+// weights.
 const (
 	blindMode     = "dragon-blind"
 	hedgedMode    = "dragon-hedged"
 	noSourcesMode = "dragon-nosources"
+	posteriorMode = "dragon-posterior"
 )
 
 func newBenchAggCmd() *cobra.Command {
@@ -40,6 +43,7 @@ func newBenchAggCmd() *cobra.Command {
 		rescoreEvery      int
 		hedges, depth     int
 		hedgeBelow        float64
+		posteriorEvery    int
 	)
 	cmd := &cobra.Command{
 		Use:   "agg",
@@ -59,8 +63,8 @@ make model, make index and (optionally) make profile first.`,
 			}
 			for _, name := range strings.Split(modes, ",") {
 				name = strings.TrimSpace(name)
-				blind, hedged, bare, base := name == blindMode, name == hedgedMode, name == noSourcesMode, name
-				if blind || hedged || bare {
+				blind, hedged, bare, posterior, base := name == blindMode, name == hedgedMode, name == noSourcesMode, name == posteriorMode, name
+				if blind || hedged || bare || posterior {
 					base = "dragon"
 				}
 				m, err := parseModeName(base)
@@ -68,6 +72,12 @@ make model, make index and (optionally) make profile first.`,
 					return fmt.Errorf("--modes: %w", err)
 				}
 				mode := aggbench.Mode{Name: name, Mode: m, Blind: blind, NoSources: bare}
+				if posterior {
+					if posteriorEvery < 1 {
+						return fmt.Errorf("--modes %s needs --posterior-every of at least 1", posteriorMode)
+					}
+					mode.PosteriorEvery = proto.Uint32(uint32(posteriorEvery))
+				}
 				if hedged {
 					if hedges < 1 {
 						return fmt.Errorf("--modes %s needs --hedges of at least 1", hedgedMode)
@@ -116,8 +126,9 @@ make model, make index and (optionally) make profile first.`,
 	f.StringVar(&cloudIx, "cloud-index", "data/index/cloud", "the cloud's index")
 	f.StringVar(&deviceIx, "device-index", "data/index/device", "the device's index")
 	f.StringVar(&latencies, "latencies", "0,50,150", "one-way latencies in ms")
-	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's; "+hedgedMode+": dragon with hedged drafts; "+noSourcesMode+": dragon without the answer's sources)")
+	f.StringVar(&modes, "modes", "dragon,tw,sw,device-only", "modes to measure ("+blindMode+": dragon whose greedy drafts ignore the peer's; "+hedgedMode+": dragon with hedged drafts; "+noSourcesMode+": dragon without the answer's sources; "+posteriorMode+": dragon with posterior weights)")
 	f.IntVar(&hedges, "hedges", 2, "with "+hedgedMode+": hedges each side may have open (both daemons reserve as many branches)")
+	f.IntVar(&posteriorEvery, "posterior-every", 1, "with "+posteriorMode+": answer tokens between posterior weightings")
 	f.IntVar(&depth, "hedge-depth", 256, "with "+hedgedMode+": drafts of each hedge's branch")
 	f.Float64Var(&hedgeBelow, "hedge-below", 0, "with "+hedgedMode+": hedge every draft of probability below this instead of where the measured rule says it pays (0: the rule)")
 	f.IntVar(&questions, "questions", 8, "questions of the built-in set")

@@ -42,7 +42,7 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				limit.MaxQueue = -1 // the flag's 0 means no queue
 			}
 			limit.SideConfig = s.config(log)
-			limit.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages}
+			limit.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: f.passages, PosteriorEvery: f.posteriorEvery}
 			srv, err := cloud.New(limit)
 			if err != nil {
 				return err

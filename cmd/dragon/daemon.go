@@ -111,7 +111,7 @@ func (f *sideFlags) register(cmd *cobra.Command, def daemonDefaults) {
 	fs.StringVar(&f.rerankModel, "rerank-model", def.rerank, "cross-encoder GGUF (make rerank-model fetches the default) that re-ranks --rerank-candidates first-stage passages to keep the best; its logit becomes each passage's relevance R, on one scale on both sides (empty: no re-ranking, R is the first stage's; the default is left out with --index '')")
 	fs.IntVar(&f.rerankCandidates, "rerank-candidates", rerank.DefaultCandidates, "first-stage passages the cross-encoder re-ranks")
 	fs.IntVar(&f.rescoreEvery, "rescore-every", 0, "dynamic weights (DRAGON §4.1): every this many answer tokens the cross-encoder scores the passages again against the question and the answer so far, and the new weights and h̃ hold from that position on (0: the retrieval scores for the whole answer; needs --rerank-model)")
-	fs.IntVar(&f.posteriorEvery, "posterior-every", 0, "posterior weights: every this many answer tokens each passage's weight becomes its posterior given the answer so far, e^R(d)·Π_t p(x_t | d, x_<t) normalised, and h̃ weighs the sides by it too; exact on both sides, the positions fixed by the token count (0: the relevance scores for the whole answer)")
+	fs.IntVar(&f.posteriorEvery, "posterior-every", 0, "posterior weights for requests that do not say (GenerateRequest.posterior_every; the device sends its value to the cloud): every this many answer tokens each passage's weight becomes its posterior given the answer so far, e^R(d)·Π_t p(x_t | d, x_<t) normalised, and h̃ weighs the sides by it too; exact on both sides, the positions fixed by the token count (0: the relevance scores for the whole answer)")
 	fs.StringVar(&f.profile, "profile", def.profile, "decoding-latency fit from `dragon profile` (a missing file: learn it while serving)")
 	fs.IntVar(&f.threads, "threads", defaultThreads("/sys/devices/system/cpu", runtime.NumCPU()), "compute threads (default: 1, or on a big.LITTLE CPU its big cores, all cores but one at most)")
 	fs.IntVar(&f.passages, "passages", 2, "passages to retrieve when a request does not say")
@@ -250,7 +250,6 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	}
 	s.decoder = decoder.Options{MaxPassages: f.maxPassages + f.closedBookSeqs(), CtxPerSeq: f.ctxPerSeq, Threads: f.threads, Hedges: f.hedges}
 	s.hedgeBelow = f.hedgeBelow
-	s.decoder.PosteriorEvery = f.posteriorEvery
 	if f.rescoreEvery > 0 {
 		s.decoder.RescoreEvery, s.decoder.Rescore = f.rescoreEvery, rescoreWith(reranker)
 	}

@@ -62,7 +62,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			cloudPassages = min(cloudPassages, f.maxPassages)
 			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout, IdleUnload: idleUnload}
 			cloudState := func() string { return "none (device-only)" }
-			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def}
+			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def, PosteriorEvery: f.posteriorEvery}
 			if cloudAddr != "" {
 				if peer.Token == "" {
 					peer.Token = os.Getenv("DRAGON_CLOUD_TOKEN")

@@ -129,9 +129,14 @@ type GenerateRequest struct {
 	// Leave the answer's sources out of the summary (they are on by
 	// default). Sources change no answer; off, neither side keeps its
 	// passages' evidence.
-	OmitSources   bool `protobuf:"varint,17,opt,name=omit_sources,json=omitSources,proto3" json:"omit_sources,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OmitSources bool `protobuf:"varint,17,opt,name=omit_sources,json=omitSources,proto3" json:"omit_sources,omitempty"`
+	// Posterior weights (Begin.posterior_every): every that many answer
+	// tokens each passage weighs by its posterior given the answer so far;
+	// 0 turns them off; absent, the daemon's default (--posterior-every).
+	// Not with hedged drafts, which decode under their fork's weights.
+	PosteriorEvery *uint32 `protobuf:"varint,18,opt,name=posterior_every,json=posteriorEvery,proto3,oneof" json:"posterior_every,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -281,6 +286,13 @@ func (x *GenerateRequest) GetOmitSources() bool {
 		return x.OmitSources
 	}
 	return false
+}
+
+func (x *GenerateRequest) GetPosteriorEvery() uint32 {
+	if x != nil && x.PosteriorEvery != nil {
+		return *x.PosteriorEvery
+	}
+	return 0
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -1225,7 +1237,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa1\x05\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xe3\x05\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1248,7 +1260,9 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
 	"hedgeDepth\x12!\n" +
-	"\fomit_sources\x18\x11 \x01(\bR\vomitSources\"\x81\x01\n" +
+	"\fomit_sources\x18\x11 \x01(\bR\vomitSources\x12,\n" +
+	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01B\x12\n" +
+	"\x10_posterior_every\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
 	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
@@ -1419,6 +1433,7 @@ func file_dragon_v1_device_proto_init() {
 		return
 	}
 	file_dragon_v1_peer_proto_init()
+	file_dragon_v1_device_proto_msgTypes[0].OneofWrappers = []any{}
 	file_dragon_v1_device_proto_msgTypes[1].OneofWrappers = []any{
 		(*GenerateResponse_Chunk)(nil),
 		(*GenerateResponse_Summary)(nil),

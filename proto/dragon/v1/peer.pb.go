@@ -864,9 +864,15 @@ type Begin struct {
 	// The device wants the answer's sources: the cloud keeps its passages'
 	// evidence of the answer and, after the device's Cancel, sends its
 	// Sources. Nothing of the device's own sources ever crosses.
-	Sources       bool `protobuf:"varint,17,opt,name=sources,proto3" json:"sources,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sources bool `protobuf:"varint,17,opt,name=sources,proto3" json:"sources,omitempty"`
+	// Posterior weights: every that many answer tokens both sides weigh
+	// their passages by their posterior given the answer so far (0: the
+	// relevance scores for the whole answer). The device always sets it (to
+	// its own default when the app did not ask); absent, the cloud's
+	// default holds.
+	PosteriorEvery *uint32 `protobuf:"varint,18,opt,name=posterior_every,json=posteriorEvery,proto3,oneof" json:"posterior_every,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Begin) Reset() {
@@ -1016,6 +1022,13 @@ func (x *Begin) GetSources() bool {
 		return x.Sources
 	}
 	return false
+}
+
+func (x *Begin) GetPosteriorEvery() uint32 {
+	if x != nil && x.PosteriorEvery != nil {
+		return *x.PosteriorEvery
+	}
+	return 0
 }
 
 // ChatTurn is one earlier turn of a conversation.
@@ -2538,7 +2551,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\x88\x05\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xca\x05\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2562,7 +2575,9 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"max_hedges\x18\x0f \x01(\rR\tmaxHedges\x12\x1f\n" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
 	"hedgeDepth\x12\x18\n" +
-	"\asources\x18\x11 \x01(\bR\asources\"M\n" +
+	"\asources\x18\x11 \x01(\bR\asources\x12,\n" +
+	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01B\x12\n" +
+	"\x10_posterior_every\"M\n" +
 	"\bChatTurn\x12'\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
@@ -2830,6 +2845,7 @@ func file_dragon_v1_peer_proto_init() {
 		(*PeerMessage_Kv)(nil),
 		(*PeerMessage_Sources)(nil),
 	}
+	file_dragon_v1_peer_proto_msgTypes[4].OneofWrappers = []any{}
 	file_dragon_v1_peer_proto_msgTypes[7].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
