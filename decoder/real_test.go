@@ -4,7 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -151,4 +153,62 @@ func TestRealTreeRowsAndCommits(t *testing.T) {
 			assert.InDeltaSlice(t, want, got, rowTolerance, "%d passages, after committing node %d (branch %d): %q", n, end, branch, p.Query)
 		}
 	}
+}
+
+// BenchmarkEvidence: what keeping each passage's evidence costs a local
+// generation on the real model (a greedy 32-token answer over 3 passages,
+// local speculation on): off against on, side by side per iteration so
+// that the machine's drift falls on both alike. ns/op is both answers;
+// off_ms and on_ms are medians over the iterations.
+func BenchmarkEvidence(b *testing.B) {
+	m, err := llamacpp.Load(testmodel.Path(b), llamacpp.Options{Threads: 1})
+	require.NoError(b, err)
+	defer m.Close()
+	ctx := context.Background()
+	prompts, err := promptset.BuiltIn(testmodel.CorpusDir(b), 8, 3)
+	require.NoError(b, err)
+	decs := map[bool]*decoder.Decoder{}
+	for _, on := range []bool{false, true} {
+		d, err := decoder.New(m, decoder.Options{MaxPassages: 3, CtxPerSeq: 512, Spec: specdec.DefaultOptions()})
+		require.NoError(b, err)
+		defer d.Close()
+		d.SetEvidence(on)
+		decs[on] = d
+	}
+	var ms [2][]float64
+	i := 0
+	for b.Loop() {
+		p := prompts[i%len(prompts)]
+		req := decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: 32}
+		var toks [2][]engine.Token
+		for _, on := range []bool{i%2 == 0, i%2 != 0} { // alternate which goes first
+			start := time.Now()
+			res, err := decs[on].Generate(ctx, req, nil)
+			require.NoError(b, err)
+			if on {
+				// What the answer's sources read at its end.
+				_, err := decs[on].Evidence(ctx, len(decs[on].Generated()))
+				require.NoError(b, err)
+			}
+			idx := 0
+			if on {
+				idx = 1
+			}
+			ms[idx] = append(ms[idx], float64(time.Since(start).Microseconds())/1000)
+			toks[idx] = res.Tokens
+		}
+		require.Equal(b, toks[0], toks[1], "evidence changes no token")
+		i++
+	}
+	b.ReportMetric(median(ms[0]), "off_ms")
+	b.ReportMetric(median(ms[1]), "on_ms")
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
