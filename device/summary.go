@@ -7,6 +7,7 @@ import (
 
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
 )
 
 // SummaryJSON is a GenerateSummary as scripts read it, in one place so
@@ -101,7 +102,7 @@ func NewSourcesJSON(s *dragonv1.GenerateSummary) []SourceJSON {
 	out := make([]SourceJSON, 0, len(s.GetSources()))
 	for _, e := range s.GetSources() {
 		j := SourceJSON{
-			Side: sideName(e.GetSide()), DocumentID: e.GetDocumentId(), PassageID: e.GetPassageId(), Source: e.GetSource(),
+			Side: wire.SideName(e.GetSide()), DocumentID: e.GetDocumentId(), PassageID: e.GetPassageId(), Source: e.GetSource(),
 			Title: e.GetTitle(), Metadata: e.GetMetadata(), Start: e.GetStart(), End: e.GetEnd(), Score: e.GetScore(),
 			Weight: e.GetWeight(), Share: e.GetShare(), Excerpt: e.GetExcerpt(), ClosedBook: e.GetClosedBook(),
 		}
@@ -112,16 +113,6 @@ func NewSourcesJSON(s *dragonv1.GenerateSummary) []SourceJSON {
 		out = append(out, j)
 	}
 	return out
-}
-
-func sideName(s dragonv1.Side) string {
-	switch s {
-	case dragonv1.Side_SIDE_DEVICE:
-		return "device"
-	case dragonv1.Side_SIDE_CLOUD:
-		return "cloud"
-	}
-	return "unknown"
 }
 
 // NewSummaryJSON maps s to its JSON form.

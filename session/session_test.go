@@ -283,13 +283,7 @@ func TestGreedyDraftsBesideThePeer(t *testing.T) {
 func TestSampledAnswerDependsOnSeedOnly(t *testing.T) {
 	sp := sampling.Params{Temperature: 0.9, Seed: 77}
 	tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp})
-	r := rand.New(rand.NewPCG(1, 2))
-	var mu sync.Mutex
-	jitter := func() time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return time.Duration(r.IntN(3000)) * time.Microsecond
-	}
+	jitter := uniformDelay(1, 3*time.Millisecond)
 	dev, cld := runPair(t, pairConfig{sampling: sp, spec: true, switchEvery: 4, latency: jitter})
 	assert.Equal(t, tw.Tokens, dev.Tokens)
 	assert.Equal(t, dev.Tokens, cld.Tokens)
@@ -328,13 +322,7 @@ func TestConfidenceWeightsAgreeAcrossModes(t *testing.T) {
 // speculation, handovers, a jittery link) give token-wise sync's answer;
 // the weights change the greedy answer.
 func TestPosteriorWeightsAgreeAcrossModes(t *testing.T) {
-	r := rand.New(rand.NewPCG(5, 6))
-	var mu sync.Mutex
-	jitter := func() time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return time.Duration(r.IntN(2000)) * time.Microsecond
-	}
+	jitter := uniformDelay(5, 2*time.Millisecond)
 	for _, sp := range []sampling.Params{{}, {Temperature: 0.9, Seed: 5}} {
 		tw, _ := runPair(t, pairConfig{sync: TokenWise, sampling: sp, posteriorEvery: 4})
 		require.NotEmpty(t, tw.Tokens)
@@ -345,6 +333,19 @@ func TestPosteriorWeightsAgreeAcrossModes(t *testing.T) {
 	plain, _ := runPair(t, pairConfig{sync: TokenWise, posteriorEvery: 1 << 20})
 	weighed, _ := runPair(t, pairConfig{sync: TokenWise, posteriorEvery: 1})
 	assert.NotEqual(t, plain.Tokens, weighed.Tokens, "the weights take effect")
+}
+
+// uniformDelay is a link's delay of each message, uniform in [0, most)
+// microsecond by microsecond, from a generator seeded by seed that both
+// directions draw from.
+func uniformDelay(seed uint64, most time.Duration) func() time.Duration {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	var mu sync.Mutex
+	return func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(r.Int64N(most.Microseconds())) * time.Microsecond
+	}
 }
 
 // runModes runs the device half f against the cloud half g over a pipe.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"math"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -70,13 +69,7 @@ func decided(sum Summary) []engine.Token {
 // decided (local speculation, handovers, rejections over a jittery link),
 // and the answer is the one decoded without sources.
 func TestSourcesOfADragonAnswer(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 4))
-	var mu sync.Mutex
-	jitter := func() time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return time.Duration(r.IntN(3000)) * time.Microsecond
-	}
+	jitter := uniformDelay(3, 3*time.Millisecond)
 	for name, c := range map[string]pairConfig{
 		"token-wise":                      {sync: TokenWise},
 		"greedy, speculation, handovers":  {spec: true, switchEvery: 3, latency: jitter},

@@ -69,7 +69,7 @@ func CheckHello(ours, peer *dragonv1.Hello) error {
 			describe(ours), ours.GetVocabSize(), describe(peer), peer.GetVocabSize())
 	}
 	if s := peer.GetSide(); s != dragonv1.Side_SIDE_UNSPECIFIED && s == ours.GetSide() {
-		return status.Errorf(codes.FailedPrecondition, "handshake: both peers are %s; one device and one cloud daemon are needed", sideName(s))
+		return status.Errorf(codes.FailedPrecondition, "handshake: both peers are %s; one device and one cloud daemon are needed", SideName(s))
 	}
 	return nil
 }
@@ -84,12 +84,14 @@ func describe(h *dragonv1.Hello) string {
 		name = fmt.Sprintf("%q", name)
 	}
 	if s := h.GetSide(); s != dragonv1.Side_SIDE_UNSPECIFIED {
-		return sideName(s) + " running " + name
+		return SideName(s) + " running " + name
 	}
 	return "side running " + name
 }
 
-func sideName(s dragonv1.Side) string {
+// SideName is how people read a side: "device" or "cloud" (the enum's name
+// for any other value).
+func SideName(s dragonv1.Side) string {
 	switch s {
 	case dragonv1.Side_SIDE_DEVICE:
 		return "device"
