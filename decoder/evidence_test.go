@@ -63,6 +63,7 @@ func TestEvidenceOfGenerate(t *testing.T) {
 			assert.Less(t, got[s], 0.0, "%s: a log-likelihood", name)
 		}
 		assert.NotEqual(t, got[0], got[1], "%s: the passages disagree", name)
+		assert.LessOrEqual(t, len(d.ev.ring), 1, "%s: a local answer keeps no distribution of its decided tokens", name)
 	}
 }
 

@@ -378,6 +378,9 @@ func (d *Decoder) Generate(ctx context.Context, req Request, emit func(tok engin
 		if err != nil {
 			return finish(err)
 		}
+		// A local answer's tokens are final once decided: no distribution
+		// before the next token's need be kept for their evidence.
+		d.Settle(len(d.gen))
 		if done, err := decide(toks); err != nil || done {
 			return finish(err)
 		}
