@@ -165,9 +165,9 @@ func chunkDocuments(tok Tokenizer, chunk ChunkOptions, docs []Document, rep *Rep
 	return sources, out
 }
 
-// commit embeds a group of files' passages, then swaps them in for the
-// files' old passages in memory, bleve and the vectors (and graph), and
-// writes the index.
+// commit embeds a group of files' passages, journals them in place of the
+// files' old passages as one change, applies it and checkpoints, so the
+// group's vectors are on disk with it.
 func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, total int, rep *Report) error {
 	var add []*Passage
 	for _, pf := range group {
@@ -177,56 +177,129 @@ func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, tot
 	if err != nil {
 		return err
 	}
-	for _, p := range add {
-		p.terms = ix.bm25.analyzedLength(p.Text)
-	}
-
-	ix.mu.Lock()
-	var del []uint64
+	c := &change{Files: map[string]*fileRecord{}}
 	for _, pf := range group {
 		if old := ix.files[pf.path]; old != nil {
 			for _, s := range old.Sources {
-				del = append(del, ix.bySource[s]...)
+				c.Remove = append(c.Remove, ix.bySource[s]...)
 			}
 		}
+		c.Files[pf.path] = pf.rec
 	}
-	ix.removeLocked(del)
-	for _, p := range add {
-		p.ID = ix.man.NextID
-		ix.man.NextID++
-		ix.passages[p.ID] = p
-		ix.bySource[p.Source] = append(ix.bySource[p.Source], p.ID)
-		ix.terms += int64(p.terms)
+	ix.stage(c, add)
+	if err := ix.write(c); err != nil {
+		return err
 	}
-	for _, pf := range group {
-		ix.files[pf.path] = pf.rec
-	}
-	ix.mu.Unlock()
-	rep.Removed += len(del)
+	rep.Removed += len(c.Remove)
 	rep.Passages += len(add)
-
-	if err := ix.bm25.apply(add, del); err != nil {
-		return ix.failed(err)
+	if vecs != nil {
+		ix.setVectors(add, vecs)
 	}
-	if ix.vecs != nil {
-		for i := 0; i < len(add); i += graphChunk {
-			ix.mu.Lock()
-			for j := i; j < min(i+graphChunk, len(add)); j++ {
-				ix.vecs[add[j].ID] = vecs[j]
-				if ix.graph != nil {
-					ix.graph.Add(hnsw.MakeNode(add[j].ID, vecs[j]))
-				}
-			}
-			ix.mu.Unlock()
-		}
-	}
-	ix.syncGraph()
 	if err := ix.persist(); err != nil {
 		return ix.failed(err)
 	}
 	*done += len(add)
 	ix.progress(PhaseIndex, *done, total, "")
 	return nil
+}
+
+// stage numbers new passages and puts them in c. Callers hold wmu.
+func (ix *Index) stage(c *change, add []*Passage) {
+	next := ix.man.NextID
+	for _, p := range add {
+		if p.terms == 0 {
+			p.terms = ix.bm25.analyzedLength(p.Text)
+		}
+		p.ID = next
+		next++
+		c.Add = append(c.Add, passageRecord{p, p.terms})
+	}
+	c.NextID = next
+}
+
+// write makes a change durable in the journal, then applies it to memory
+// and bleve: once it returns, searches see it and it survives a crash.
+// Callers hold wmu.
+func (ix *Index) write(c *change) error {
+	if err := ix.journal.append(c); err != nil {
+		return err
+	}
+	// Memory first: searches drop bleve's hits that memory lacks, so a
+	// removed passage is gone at once and an added one shows as soon as
+	// bleve has it.
+	ix.mu.Lock()
+	ix.applyLocked(c)
+	ix.mu.Unlock()
+	add := make([]*Passage, len(c.Add))
+	for i, r := range c.Add {
+		add[i] = r.Passage
+	}
+	if err := ix.bm25.apply(add, c.Remove); err != nil {
+		return ix.failed(err)
+	}
+	ix.syncGraph()
+	if ix.journal.size > checkpointJournalBytes {
+		if err := ix.persist(); err != nil {
+			// The change is durable in the journal all the same.
+			ix.log.Warn("checkpoint failed; the journal keeps growing", "dir", ix.dir, "err", err)
+		}
+	}
+	return nil
+}
+
+// checkpointJournalBytes is the journal's size past which a write
+// checkpoints: it bounds the replay at Open and the journal's disk, while
+// each checkpoint rewrites the whole snapshot.
+const checkpointJournalBytes = 64 << 20
+
+// applyLocked applies a change to the maps in memory, also when replaying
+// one they hold already. Callers hold mu (or own the index, in Open).
+func (ix *Index) applyLocked(c *change) {
+	ix.removeLocked(c.Remove)
+	for _, r := range c.Add {
+		p := r.Passage
+		p.terms = r.Terms
+		if old := ix.passages[p.ID]; old != nil {
+			ix.removeLocked([]uint64{p.ID})
+		}
+		ix.passages[p.ID] = p
+		ix.bySource[p.Source] = append(ix.bySource[p.Source], p.ID)
+		ix.terms += int64(p.terms)
+		if ix.man.Dense {
+			ix.pending[p.ID] = struct{}{}
+		}
+	}
+	for key, rec := range c.Files {
+		if rec == nil {
+			delete(ix.files, key)
+		} else {
+			ix.files[key] = rec
+		}
+	}
+	ix.man.NextID = max(ix.man.NextID, c.NextID)
+	ix.man.Passages, ix.man.Sources, ix.man.Files = len(ix.passages), len(ix.bySource), len(ix.files)
+}
+
+// setVectors gives live passages their vectors, in the graph too, a chunk
+// per hold of the lock so that searches keep running. Callers hold wmu.
+func (ix *Index) setVectors(ps []*Passage, vecs [][]float32) {
+	for i := 0; i < len(ps); i += graphChunk {
+		ix.mu.Lock()
+		for j := i; j < min(i+graphChunk, len(ps)); j++ {
+			id := ps[j].ID
+			if ix.passages[id] != ps[j] {
+				continue // removed (or replaced) meanwhile
+			}
+			ix.vecs[id] = vecs[j]
+			delete(ix.pending, id)
+			if ix.graph != nil {
+				ix.graph.Add(hnsw.MakeNode(id, vecs[j]))
+			}
+		}
+		ix.dirty = true
+		ix.mu.Unlock()
+	}
+	ix.syncGraph()
 }
 
 // embedPassages returns the unit vectors of ps, or nil for a BM25-only
@@ -286,6 +359,7 @@ func (ix *Index) removeLocked(ids []uint64) {
 		}
 		delete(ix.passages, id)
 		delete(ix.vecs, id)
+		delete(ix.pending, id)
 		ix.terms -= int64(p.terms)
 		rest := slices.DeleteFunc(ix.bySource[p.Source], func(x uint64) bool { return x == id })
 		if len(rest) == 0 {
@@ -366,36 +440,33 @@ func (ix *Index) Delete(source string) (int, error) {
 	under := func(s string) bool {
 		return s == target || strings.HasPrefix(s, target+"#") || strings.HasPrefix(s, target+string(filepath.Separator))
 	}
-	ix.mu.Lock()
-	var del []uint64
+	c := &change{Files: map[string]*fileRecord{}, NextID: ix.man.NextID}
 	matched := false
 	for s, ids := range ix.bySource {
 		if under(s) {
-			del = append(del, ids...)
+			c.Remove = append(c.Remove, ids...)
 			matched = true
 		}
 	}
 	for path, rec := range ix.files {
 		if under(path) {
-			delete(ix.files, path)
+			c.Files[path] = nil
 			matched = true
 			continue
 		}
-		rec.Sources = slices.DeleteFunc(rec.Sources, under)
+		if kept := slices.DeleteFunc(slices.Clone(rec.Sources), under); len(kept) != len(rec.Sources) {
+			r := *rec
+			r.Sources = kept
+			c.Files[path] = &r
+		}
 	}
-	ix.removeLocked(del)
-	ix.mu.Unlock()
 	if !matched {
 		return 0, fmt.Errorf("%w: %s", ErrNotIndexed, target)
 	}
-	if err := ix.bm25.apply(nil, del); err != nil {
-		return 0, ix.failed(err)
+	if err := ix.write(c); err != nil {
+		return 0, err
 	}
-	ix.syncGraph()
-	if err := ix.persist(); err != nil {
-		return 0, ix.failed(err)
-	}
-	return len(del), nil
+	return len(c.Remove), nil
 }
 
 // failed wraps an error that struck after memory changed but before the

@@ -10,12 +10,21 @@
 // k is the document weight ω(d) of DRAGON's output aggregation (§2.2), and
 // logsumexp(R) is the side's h̃ (Appendix A.1).
 //
-// An index lives in one directory: manifest.json, passages.jsonl,
-// files.json, the bleve index in bleve/ and the vectors: in dense.vec, or,
-// while the index is past ExactDenseMax, in its HNSW graph, dense.hnsw.
-// The graph is built from the vectors when first needed (an open that
-// needs one the index lacks builds it in memory). Indexes of format 1
-// kept a graph at any size; they open as they are, and a write drops the
-// graph if the index does not need it. Many goroutines may search an open
-// Index while one adds or deletes.
+// An index lives in one directory: manifest.json, a snapshot of the
+// generation the manifest names (passages-G.jsonl, files-G.json, and the
+// vectors: in dense-G.vec, or, while the index is past ExactDenseMax, in
+// its HNSW graph, dense-G.hnsw), the journal of the changes since
+// (journal.log) and the bleve index in bleve/. Every change (an Add's
+// commit group, a Put, a Delete) is one journal record, synced before it
+// is applied: it is durable once the call returns, all of it or none
+// survives a crash, and Open replays what the snapshot lacks. A
+// checkpoint writes the next generation and then the manifest, which is
+// the commit point. Dense vectors are not journaled: passages whose
+// vectors did not reach a checkpoint are pending, searchable by BM25
+// until EmbedPending gives them one. The graph is built from the vectors
+// when first needed (an open that needs one the index lacks builds it in
+// memory). Indexes of format 1 kept a graph at any size, and those of
+// format 2 had fixed file names and no journal; both open as they are
+// and are rewritten at the first checkpoint. Many goroutines may search
+// an open Index while one adds or deletes.
 package retrieval

@@ -18,6 +18,9 @@ var (
 	ErrReadOnly = errors.New("retrieval: index opened read-only")
 	// ErrNotIndexed: Delete was given a source the index does not hold.
 	ErrNotIndexed = errors.New("retrieval: not in the index")
+	// ErrInUse: another process (a daemon, an index command) has the
+	// index open for writing.
+	ErrInUse = errors.New("retrieval: index is in use by another process")
 	// ErrClosed: the index was closed.
 	ErrClosed = errors.New("retrieval: index closed")
 )

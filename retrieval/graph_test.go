@@ -50,12 +50,12 @@ func assertGraph(t *testing.T, ix *Index, nodes int) {
 	t.Helper()
 	if nodes == 0 {
 		assert.Nil(t, ix.graph)
-		assert.NoFileExists(t, filepath.Join(ix.dir, graphFile))
-		assert.FileExists(t, filepath.Join(ix.dir, vectorsFile))
+		assert.NoFileExists(t, snapFile(t, ix.dir, graphFile))
+		assert.FileExists(t, snapFile(t, ix.dir, vectorsFile))
 	} else if assert.NotNil(t, ix.graph) {
 		assert.Equal(t, nodes, ix.graph.Len())
-		assert.FileExists(t, filepath.Join(ix.dir, graphFile))
-		assert.NoFileExists(t, filepath.Join(ix.dir, vectorsFile))
+		assert.FileExists(t, snapFile(t, ix.dir, graphFile))
+		assert.NoFileExists(t, snapFile(t, ix.dir, vectorsFile))
 	}
 	assert.Equal(t, nodes, ix.Stats().Manifest.GraphNodes)
 }
@@ -126,12 +126,18 @@ func TestGraphIsKeptOnlyPastExactDenseMax(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(logs.String(), "building the dense graph"))
 	assertFindsItself(t, ix)
 
-	// Shrinking back to 40 passages drops it, on disk too.
+	// Shrinking back to 40 passages drops it, and on disk too from the
+	// next checkpoint (Close makes one).
 	n, err := ix.Delete(more)
 	require.NoError(t, err)
 	require.Equal(t, 360, n)
-	assertGraph(t, ix, 0)
+	assert.Nil(t, ix.graph)
 	assert.Contains(t, logs.String(), "dropping the dense graph")
+	assertFindsItself(t, ix)
+	require.NoError(t, ix.Close())
+	ix, err = Open(filepath.Join(root, "index"), opts)
+	require.NoError(t, err)
+	assertGraph(t, ix, 0)
 	assertFindsItself(t, ix)
 }
 
@@ -174,9 +180,9 @@ func TestReopenWithAnotherExactDenseMax(t *testing.T) {
 			}
 			assertFindsItself(t, ix)
 			require.NoError(t, ix.Close())
-			_, err = os.Stat(filepath.Join(dir, graphFile))
+			_, err = os.Stat(snapFile(t, dir, graphFile))
 			assert.Equal(t, tc.wantFile, err == nil, "graph file: %v", err)
-			_, err = os.Stat(filepath.Join(dir, vectorsFile))
+			_, err = os.Stat(snapFile(t, dir, vectorsFile))
 			assert.Equal(t, !tc.wantFile, err == nil, "vectors file: %v", err)
 		})
 	}
@@ -186,6 +192,7 @@ func TestReopenWithAnotherExactDenseMax(t *testing.T) {
 // lived only in the graph file, as the code before dense.vec wrote it.
 func toGraphOnlyFormat(t *testing.T, dir string) {
 	t.Helper()
+	toPlainFormat(t, dir)
 	vecs, _, err := readVectors(filepath.Join(dir, vectorsFile))
 	require.NoError(t, err)
 	g := rebuildGraph(vecs)

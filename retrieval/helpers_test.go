@@ -2,7 +2,9 @@ package retrieval
 
 import (
 	"context"
+	"errors"
 	"hash/fnv"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -156,4 +158,31 @@ func idsOf(hits []Hit) []uint64 {
 		out[i] = h.Passage.ID
 	}
 	return out
+}
+
+// snapFile is the path of one of a closed or open index's snapshot files
+// (passagesFile, filesFile, vectorsFile, graphFile) as its manifest names
+// it.
+func snapFile(t *testing.T, dir, base string) string {
+	t.Helper()
+	man, err := readManifest(dir)
+	require.NoError(t, err)
+	return filepath.Join(dir, man.file(base))
+}
+
+// toPlainFormat rewrites a closed index into format 2, whose snapshot
+// files had fixed names and which kept no journal.
+func toPlainFormat(t *testing.T, dir string) {
+	t.Helper()
+	man, err := readManifest(dir)
+	require.NoError(t, err)
+	for _, base := range []string{passagesFile, filesFile, vectorsFile, graphFile} {
+		err := os.Rename(filepath.Join(dir, man.file(base)), filepath.Join(dir, base))
+		if !errors.Is(err, fs.ErrNotExist) {
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, os.Remove(filepath.Join(dir, journalFile)))
+	man.Version = formatPlain
+	require.NoError(t, writeJSON(filepath.Join(dir, manifestFile), man))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,7 +106,18 @@ type Index struct {
 	graph    *hnsw.Graph[uint64]  // nil while the index is searched exactly
 	vecs     map[uint64][]float32 // live passages' unit vectors (shared with graph); nil if not dense
 	terms    int64                // analyzed terms in all passages, for BM25
-	closed   bool
+	// pending are the live passages of a dense index without a vector
+	// yet: added by the document API, whose vectors follow in the
+	// background (EmbedPending), or journaled by a writer that crashed
+	// before its checkpoint.
+	pending map[uint64]struct{}
+	closed  bool
+
+	// journal holds the changes since the snapshot the manifest names.
+	journal *journal
+	// dirty: the snapshot lacks something only memory holds (vectors,
+	// the dimensions), though the journal may be empty.
+	dirty bool
 
 	// exclude are folders Add never reads: the index's own directory and,
 	// while building, the one it will replace.
@@ -173,7 +185,10 @@ func replaceable(dir string) error {
 	}
 	for _, e := range entries {
 		switch e.Name() {
-		case manifestFile, passagesFile, bleveDir, vectorsFile, graphFile, filesFile:
+		case manifestFile, bleveDir, journalFile:
+			return nil
+		}
+		if snapshotFile(e.Name()) {
 			return nil
 		}
 	}
@@ -224,13 +239,19 @@ func create(dir string, opts Options) (*Index, error) {
 	ix := &Index{
 		dir: dir, opts: opts, log: opts.Logger, bm25: b, man: man, exclude: []string{dir},
 		passages: map[uint64]*Passage{}, bySource: map[string][]uint64{},
-		files: map[string]*fileRecord{},
+		files: map[string]*fileRecord{}, pending: map[uint64]struct{}{},
 	}
 	if man.Dense {
 		ix.vecs = map[uint64][]float32{}
 		ix.syncGraph()
 	}
-	if err := ix.persist(); err != nil {
+	j, _, err := openJournal(dir, 0, false)
+	if err == nil {
+		ix.journal = j
+		err = ix.persist()
+	}
+	if err != nil {
+		ix.journal.close()
 		b.close()
 		return nil, err
 	}
@@ -248,8 +269,8 @@ func ReadManifest(dir string) (Manifest, error) {
 	if err != nil {
 		return man, corrupt(dir, "unreadable manifest", err)
 	}
-	if man.Version != formatVersion && man.Version != formatGraphVectors {
-		return man, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d and %d", man.Version, formatGraphVectors, formatVersion), nil)
+	if man.Version < formatGraphVectors || man.Version > formatVersion {
+		return man, corrupt(dir, fmt.Sprintf("format version %d, this build reads %d to %d", man.Version, formatGraphVectors, formatVersion), nil)
 	}
 	return man, nil
 }
@@ -272,22 +293,25 @@ func Open(dir string, opts Options) (*Index, error) {
 			"dir", dir, "index", man.Tokenizer, "given", tokenizerID(opts.Tokenizer))
 	}
 	opts.Chunk = ChunkOptions{Tokens: man.ChunkTokens, Overlap: man.Overlap}
-	ix := &Index{dir: dir, opts: opts, log: opts.Logger, man: man, bySource: map[string][]uint64{}, exclude: []string{dir}}
+	ix := &Index{dir: dir, opts: opts, log: opts.Logger, man: man, bySource: map[string][]uint64{},
+		pending: map[uint64]struct{}{}, exclude: []string{dir}}
 	if err := ix.load(); err != nil {
 		if ix.bm25 != nil {
 			ix.bm25.close()
 		}
+		ix.journal.close()
 		return nil, err
 	}
 	return ix, nil
 }
 
-// load reads the files next to the manifest and checks that they agree
-// with it.
+// load reads the snapshot the manifest names, checks that its files agree
+// with it, replays the journal's later changes and brings bleve up to
+// them.
 func (ix *Index) load() error {
 	dir, man := ix.dir, ix.man
 	var err error
-	if ix.passages, err = readPassages(filepath.Join(dir, passagesFile)); err != nil {
+	if ix.passages, err = readPassages(filepath.Join(dir, man.file(passagesFile))); err != nil {
 		return corrupt(dir, "unreadable passages", err)
 	}
 	if len(ix.passages) != man.Passages {
@@ -297,46 +321,115 @@ func (ix *Index) load() error {
 		ix.bySource[p.Source] = append(ix.bySource[p.Source], id)
 		ix.terms += int64(p.terms)
 	}
-	if ix.files, err = readFiles(filepath.Join(dir, filesFile)); err != nil {
+	if ix.files, err = readFiles(filepath.Join(dir, man.file(filesFile))); err != nil {
 		return corrupt(dir, "unreadable file list", err)
 	}
+	if man.Dense {
+		if err := ix.loadDense(); err != nil {
+			return err
+		}
+	}
+	j, changes, err := openJournal(dir, man.JournalSeq, ix.opts.ReadOnly)
+	if err != nil {
+		return corrupt(dir, "unreadable journal", err)
+	}
+	ix.journal = j
+	var add []*Passage
+	var del []uint64
+	for _, c := range changes {
+		ix.applyLocked(c)
+		del = append(del, c.Remove...)
+		for _, r := range c.Add {
+			add = append(add, r.Passage)
+		}
+	}
+	if len(changes) > 0 {
+		ix.log.Info("replayed the journal", "dir", dir, "changes", len(changes), "added", len(add), "removed", len(del))
+	}
+	return ix.openBleve(add, del)
+}
+
+// openBleve opens the BM25 index and applies the journal's replayed
+// changes to it, which it may hold already: both are idempotent. Should it
+// still disagree with the passages (a crash inside a checkpoint of the
+// fixed-name formats), it is rebuilt from them.
+func (ix *Index) openBleve(add []*Passage, del []uint64) error {
+	dir := ix.dir
 	bdir := filepath.Join(dir, bleveDir)
 	if _, err := os.Stat(filepath.Join(bdir, "index_meta.json")); err != nil {
 		return corrupt(dir, "missing bleve index", err)
 	}
+	var err error
 	if ix.bm25, err = openBM25(bdir, ix.opts.ReadOnly); err != nil {
 		if strings.Contains(err.Error(), "timeout") {
-			return fmt.Errorf("open %s: index is in use by another process (a running daemon or index command?): %w", dir, err)
+			return fmt.Errorf("open %s: %w: a running device or cloud daemon is its only writer, so add and remove documents through it (dragon docs add|ls|rm --device ADDR), or stop it first", dir, ErrInUse)
 		}
 		return corrupt(dir, "unreadable bleve index", err)
+	}
+	if !ix.opts.ReadOnly && (len(add) > 0 || len(del) > 0) {
+		live := slices.DeleteFunc(add, func(p *Passage) bool { return ix.passages[p.ID] != p })
+		if err := ix.bm25.apply(live, del); err != nil {
+			return corrupt(dir, "bleve index", err)
+		}
 	}
 	n, err := ix.bm25.count()
 	if err != nil {
 		return corrupt(dir, "bleve index", err)
 	}
-	if int(n) != man.Passages {
-		return corrupt(dir, fmt.Sprintf("bleve holds %d passages, manifest says %d", n, man.Passages), nil)
-	}
-	if !man.Dense {
+	if int(n) == len(ix.passages) {
 		return nil
 	}
-	// The vectors are in the graph's file while the index keeps a graph
-	// with nodes (in format 1, always), else in their own.
+	if ix.opts.ReadOnly {
+		return corrupt(dir, fmt.Sprintf("bleve holds %d passages, the index %d (opening it for writing repairs it)", n, len(ix.passages)), nil)
+	}
+	ix.log.Warn("the BM25 index disagrees with the passages; rebuilding it", "dir", dir, "bleve", n, "passages", len(ix.passages))
+	ix.bm25.close()
+	ix.bm25 = nil
+	if err := os.RemoveAll(bdir); err != nil {
+		return fmt.Errorf("rebuild bleve index: %w", err)
+	}
+	if ix.bm25, err = createBM25(bdir); err != nil {
+		return err
+	}
+	all := make([]*Passage, 0, len(ix.passages))
+	for _, id := range slices.Sorted(maps.Keys(ix.passages)) {
+		all = append(all, ix.passages[id])
+	}
+	if err := ix.bm25.apply(all, nil); err != nil {
+		return fmt.Errorf("rebuild bleve index: %w", err)
+	}
+	return nil
+}
+
+// loadDense reads the vectors (from the graph's file while the index keeps
+// a graph with nodes, else their own) and builds or drops the graph as the
+// index's size calls for. Passages without a vector are pending from
+// format 3 on; before, every passage had one.
+func (ix *Index) loadDense() error {
+	dir, man := ix.dir, ix.man
 	var g *hnsw.Graph[uint64]
+	var err error
 	if man.GraphNodes > 0 || man.Version == formatGraphVectors {
 		if g, err = ix.loadGraph(); err != nil {
 			return err
 		}
 		ix.vecs = make(map[uint64][]float32, len(ix.passages))
 		for id := range ix.passages {
-			v, ok := g.Lookup(id)
-			if !ok {
-				return corrupt(dir, fmt.Sprintf("passage %d has no vector in the dense graph", id), nil)
+			if v, ok := g.Lookup(id); ok {
+				ix.vecs[id] = v
 			}
-			ix.vecs[id] = v
 		}
 	} else if err := ix.loadVectors(); err != nil {
 		return err
+	}
+	for id := range ix.passages {
+		if ix.vecs[id] != nil {
+			continue
+		}
+		if man.Version < formatVersion {
+			return corrupt(dir, fmt.Sprintf("passage %d has no dense vector", id), nil)
+		}
+		ix.pending[id] = struct{}{}
 	}
 	// An open with another ExactDenseMax than the last writer's may drop
 	// the graph (keeping the vectors it held) or build one.
@@ -352,19 +445,19 @@ func (ix *Index) load() error {
 // loadVectors reads the vectors file and checks it against the passages.
 func (ix *Index) loadVectors() error {
 	dir, man := ix.dir, ix.man
-	vecs, dims, err := readVectors(filepath.Join(dir, vectorsFile))
+	vecs, dims, err := readVectors(filepath.Join(dir, man.file(vectorsFile)))
 	if err != nil {
 		return corrupt(dir, "unreadable dense vectors", err)
 	}
-	if len(vecs) != man.Passages {
+	if man.Version < formatVersion && len(vecs) != man.Passages {
 		return corrupt(dir, fmt.Sprintf("%d dense vectors on disk, manifest says %d passages", len(vecs), man.Passages), nil)
 	}
 	if len(vecs) > 0 && dims != man.Dims {
 		return corrupt(dir, fmt.Sprintf("dense vectors have %d dimensions, manifest says %d", dims, man.Dims), nil)
 	}
-	for id := range ix.passages {
-		if vecs[id] == nil {
-			return corrupt(dir, fmt.Sprintf("passage %d has no dense vector", id), nil)
+	for id := range vecs {
+		if ix.passages[id] == nil {
+			return corrupt(dir, fmt.Sprintf("a dense vector for passage %d, which the index does not hold", id), nil)
 		}
 	}
 	ix.vecs = vecs
@@ -374,7 +467,7 @@ func (ix *Index) loadVectors() error {
 // loadGraph reads the graph file and checks it against the manifest.
 func (ix *Index) loadGraph() (*hnsw.Graph[uint64], error) {
 	dir, man := ix.dir, ix.man
-	g, err := readGraph(filepath.Join(dir, graphFile))
+	g, err := readGraph(filepath.Join(dir, man.file(graphFile)))
 	if err != nil {
 		return nil, corrupt(dir, "unreadable dense graph", err)
 	}
@@ -387,13 +480,19 @@ func (ix *Index) loadGraph() (*hnsw.Graph[uint64], error) {
 	return g, nil
 }
 
-// persist writes the graph if the index keeps one, else the vectors, then
-// the passages and file list, then the manifest. Callers hold wmu.
+// persist checkpoints the index: it writes a snapshot of the next
+// generation (the graph if the index keeps one, else the vectors; the
+// passages; the file list), then the manifest that names it, which is the
+// commit point, then empties the journal the snapshot now holds and
+// removes the older generation's files. A crash at any point leaves one
+// whole snapshot and the journal of what it lacks. Callers hold wmu.
 func (ix *Index) persist() error {
 	if ix.opts.ReadOnly {
 		return ErrReadOnly
 	}
+	ix.mu.RLock()
 	man := ix.man
+	ix.mu.RUnlock()
 	man.Version = formatVersion
 	man.Passages = len(ix.passages)
 	man.Sources = len(ix.bySource)
@@ -401,43 +500,66 @@ func (ix *Index) persist() error {
 	man.Generation++
 	man.Updated = time.Now().UTC()
 	man.GraphNodes = 0
+	man.JournalSeq = ix.journal.seq
 	// The graph holds the vectors too: writing them twice would double
 	// the disk and the time of every commit of a large index. An empty
 	// graph is not written, so that GraphNodes > 0 says where they are.
-	stale := vectorsFile
 	switch {
 	case ix.graph != nil && ix.graph.Len() > 0:
 		man.GraphNodes = ix.graph.Len()
-		if err := writeGraph(filepath.Join(ix.dir, graphFile), ix.graph); err != nil {
+		if err := writeGraph(filepath.Join(ix.dir, man.file(graphFile)), ix.graph); err != nil {
 			return fmt.Errorf("write dense graph: %w", err)
 		}
 	case ix.vecs != nil:
-		stale = graphFile
-		if err := writeVectors(filepath.Join(ix.dir, vectorsFile), man.Dims, ix.vecs); err != nil {
+		if err := writeVectors(filepath.Join(ix.dir, man.file(vectorsFile)), man.Dims, ix.vecs); err != nil {
 			return fmt.Errorf("write dense vectors: %w", err)
 		}
 	}
-	if err := writePassages(filepath.Join(ix.dir, passagesFile), ix.passages); err != nil {
+	if err := writePassages(filepath.Join(ix.dir, man.file(passagesFile)), ix.passages); err != nil {
 		return fmt.Errorf("write passages: %w", err)
 	}
-	if err := writeJSON(filepath.Join(ix.dir, filesFile), ix.files); err != nil {
+	if err := writeJSON(filepath.Join(ix.dir, man.file(filesFile)), ix.files); err != nil {
 		return fmt.Errorf("write file list: %w", err)
+	}
+	if err := syncDir(ix.dir); err != nil {
+		return fmt.Errorf("sync %s: %w", ix.dir, err)
 	}
 	if err := writeJSON(filepath.Join(ix.dir, manifestFile), man); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
+	if err := syncDir(ix.dir); err != nil {
+		return fmt.Errorf("sync %s: %w", ix.dir, err)
+	}
 	ix.mu.Lock()
 	ix.man = man
+	ix.dirty = false
 	ix.mu.Unlock()
-	// The file the vectors left goes only now that the manifest points to
-	// the other; Open reads the one it points to, so failing here does no
-	// harm.
-	if man.Dense {
-		if err := os.Remove(filepath.Join(ix.dir, stale)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			ix.log.Warn("could not remove an unused file", "file", stale, "dir", ix.dir, "err", err)
+	// Open replays only the changes after JournalSeq, so failing from here
+	// on does no harm.
+	if err := ix.journal.reset(); err != nil {
+		ix.log.Warn("could not empty the journal after a checkpoint", "dir", ix.dir, "err", err)
+	}
+	ix.removeStale(man)
+	return nil
+}
+
+// removeStale removes the snapshot files of other generations than man's.
+func (ix *Index) removeStale(man Manifest) {
+	keep := map[string]bool{}
+	for _, base := range []string{passagesFile, filesFile, vectorsFile, graphFile} {
+		keep[man.file(base)] = true
+	}
+	entries, err := os.ReadDir(ix.dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if name := e.Name(); snapshotFile(name) && !keep[name] {
+			if err := os.Remove(filepath.Join(ix.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				ix.log.Warn("could not remove an old snapshot file", "file", name, "dir", ix.dir, "err", err)
+			}
 		}
 	}
-	return nil
 }
 
 // Stats describe an index.
@@ -488,9 +610,23 @@ func (ix *Index) Close() error {
 	if ix.closed {
 		return nil
 	}
-	ix.closed = true
-	if err := ix.bm25.close(); err != nil {
-		return fmt.Errorf("close bleve index: %w", err)
+	dirty := ix.dirty || (ix.journal != nil && ix.journal.size > 0)
+	ix.mu.Unlock()
+	// A checkpoint now spares the next Open the replay; a failed one
+	// loses nothing, the journal keeps it all.
+	var err error
+	if dirty && !ix.opts.ReadOnly {
+		if err = ix.persist(); err != nil {
+			err = fmt.Errorf("checkpoint %s: %w", ix.dir, err)
+		}
 	}
-	return nil
+	ix.mu.Lock()
+	ix.closed = true
+	if cerr := ix.bm25.close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close bleve index: %w", cerr)
+	}
+	if cerr := ix.journal.close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close journal: %w", cerr)
+	}
+	return err
 }

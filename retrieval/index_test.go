@@ -304,19 +304,19 @@ func TestCorruptIndexGivesClearError(t *testing.T) {
 			require.NoError(t, os.RemoveAll(filepath.Join(dir, bleveDir)))
 		}},
 		{"truncated passages", 0, func(t *testing.T, dir string) {
-			truncate(t, filepath.Join(dir, passagesFile), 0.5)
+			truncate(t, snapFile(t, dir, passagesFile), 0.5)
 		}},
 		{"truncated dense vectors", 0, func(t *testing.T, dir string) {
-			truncate(t, filepath.Join(dir, vectorsFile), 0.5)
+			truncate(t, snapFile(t, dir, vectorsFile), 0.5)
 		}},
 		{"missing dense vectors", 0, func(t *testing.T, dir string) {
-			require.NoError(t, os.Remove(filepath.Join(dir, vectorsFile)))
+			require.NoError(t, os.Remove(snapFile(t, dir, vectorsFile)))
 		}},
 		{"truncated dense graph", -1, func(t *testing.T, dir string) {
-			truncate(t, filepath.Join(dir, graphFile), 0.5)
+			truncate(t, snapFile(t, dir, graphFile), 0.5)
 		}},
 		{"missing file list", 0, func(t *testing.T, dir string) {
-			require.NoError(t, os.Remove(filepath.Join(dir, filesFile)))
+			require.NoError(t, os.Remove(snapFile(t, dir, filesFile)))
 		}},
 		{"future version", 0, func(t *testing.T, dir string) {
 			p := filepath.Join(dir, manifestFile)

@@ -229,21 +229,49 @@ func readDocuments(path string) ([]Document, []FileError, error) {
 		return nil, nil, err
 	}
 	if kind == KindMbox {
-		return readMbox(path, f)
+		return readMbox(path, path, f)
 	}
 	data, err := readAllLimited(f, maxFileSize)
 	if err != nil {
 		return nil, nil, err
 	}
+	return documentsOf(path, path, kind, data)
+}
+
+// documentsFrom reads the documents of a file given as bytes (a document
+// API upload, named source) and says what kind of file it is.
+func documentsFrom(source string, data []byte) (Kind, []Document, []FileError, error) {
+	if len(data) == 0 {
+		return 0, nil, nil, errors.New("the file is empty")
+	}
+	if int64(len(data)) > maxFileSize {
+		return 0, nil, nil, fmt.Errorf("the file is larger than the %d bytes a single document may have", maxFileSize)
+	}
+	kind, err := detectKind(source, data[:min(len(data), 4096)])
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	var docs []Document
+	var errs []FileError
+	if kind == KindMbox {
+		docs, errs, err = readMbox(source, source, bytes.NewReader(data))
+	} else {
+		docs, errs, err = documentsOf(source, source, kind, data)
+	}
+	return kind, docs, errs, err
+}
+
+// documentsOf reads a file of a known kind other than mbox.
+func documentsOf(source, path string, kind Kind, data []byte) ([]Document, []FileError, error) {
 	switch kind {
 	case KindMail:
 		m, err := parseMessage(data)
 		if err != nil {
 			return nil, nil, err
 		}
-		return []Document{mailDocument(path, path, m)}, nil, nil
+		return []Document{mailDocument(source, path, m)}, nil, nil
 	default:
-		doc := Document{Source: path, Path: path, Kind: kind, Text: string(data), Meta: map[string]string{}}
+		doc := Document{Source: source, Path: path, Kind: kind, Text: string(data), Meta: map[string]string{}}
 		if !utf8.Valid(data) {
 			// Offsets then point into the repaired text, not the file.
 			doc.Text = decodeCharset(data, "windows-1252")
@@ -258,24 +286,24 @@ func readDocuments(path string) ([]Document, []FileError, error) {
 	}
 }
 
-func readMbox(path string, f *os.File) ([]Document, []FileError, error) {
+func readMbox(source, path string, r io.Reader) ([]Document, []FileError, error) {
 	var docs []Document
 	var errs []FileError
-	err := splitMbox(f, func(n int, raw []byte) error {
-		source := path + "#" + strconv.Itoa(n)
+	err := splitMbox(r, func(n int, raw []byte) error {
+		part := source + "#" + strconv.Itoa(n)
 		m, err := parseMessage(raw)
 		if err != nil {
-			errs = append(errs, FileError{source, err})
+			errs = append(errs, FileError{part, err})
 			return nil
 		}
-		docs = append(docs, mailDocument(source, path, m))
+		docs = append(docs, mailDocument(part, path, m))
 		return nil
 	})
 	if err != nil && len(docs) == 0 {
 		return nil, errs, err
 	}
 	if err != nil {
-		errs = append(errs, FileError{path, err})
+		errs = append(errs, FileError{source, err})
 	}
 	return docs, errs, nil
 }

@@ -11,14 +11,20 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// formatVersion is the on-disk layout version written. Open also reads
-// formatGraphVectors, whose dense indexes kept their vectors in the HNSW
-// graph file, so that every one of them had to build a graph.
+// formatVersion is the on-disk layout version written: a snapshot whose
+// files carry the manifest's generation in their names, so that a crash
+// mid-checkpoint leaves the last one whole, and the journal of changes
+// since. Open also reads formatPlain, whose files had fixed names and no
+// journal, and formatGraphVectors, whose dense indexes kept their vectors
+// in the HNSW graph file, so that every one of them had to build a graph.
 const (
-	formatVersion      = 2
+	formatVersion      = 3
+	formatPlain        = 2
 	formatGraphVectors = 1
 )
 
@@ -53,6 +59,45 @@ type Manifest struct {
 	// exactly) or an empty one, and its vectors are in dense.vec.
 	GraphNodes int    `json:"graph_nodes"`
 	NextID     uint64 `json:"next_id"`
+	// JournalSeq is the last journaled change the snapshot holds; Open
+	// replays the later ones.
+	JournalSeq uint64 `json:"journal_seq"`
+}
+
+// file is the name of one of the snapshot's files (passagesFile,
+// filesFile, vectorsFile, graphFile): from format 3 on, with the
+// generation that wrote it.
+func (m Manifest) file(base string) string {
+	if m.Version < formatVersion {
+		return base
+	}
+	ext := filepath.Ext(base)
+	return fmt.Sprintf("%s-%d%s", strings.TrimSuffix(base, ext), m.Generation, ext)
+}
+
+// PassagesFile is the name, inside the index directory, of the file of
+// the snapshot's passages (JSON lines): for tools that read an index
+// without opening it.
+func (m Manifest) PassagesFile() string { return m.file(passagesFile) }
+
+// snapshotFile says whether name is a snapshot file of any generation (or
+// of the fixed-name formats).
+func snapshotFile(name string) bool {
+	for _, base := range []string{passagesFile, filesFile, vectorsFile, graphFile} {
+		if name == base {
+			return true
+		}
+		ext := filepath.Ext(base)
+		stem := strings.TrimSuffix(base, ext) + "-"
+		if gen, ok := strings.CutPrefix(name, stem); ok {
+			if gen, ok = strings.CutSuffix(gen, ext); ok {
+				if _, err := strconv.ParseUint(gen, 10, 64); err == nil {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // Passage is a span of a source document.
@@ -79,11 +124,20 @@ type passageRecord struct {
 }
 
 // fileRecord remembers an ingested file, so that Add skips it while it is
-// unchanged and replaces all its passages when it changes.
+// unchanged and replaces all its passages when it changes. The document
+// API's files (Put) are keyed by the name they were given and also keep
+// their content's hash, when they came and, for a file that could not be
+// read, why.
 type fileRecord struct {
 	Size    int64     `json:"size"`
 	ModTime time.Time `json:"mod_time"`
 	Sources []string  `json:"sources"`
+
+	Hash  string            `json:"sha256,omitempty"`
+	Added time.Time         `json:"added,omitzero"`
+	Kind  string            `json:"kind,omitempty"`
+	Meta  map[string]string `json:"meta,omitempty"`
+	Error string            `json:"error,omitempty"`
 }
 
 // writeFileAtomic replaces path with what write produces, through a
@@ -114,6 +168,16 @@ func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// syncDir makes the renames into dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 func writeJSON(path string, v any) error {

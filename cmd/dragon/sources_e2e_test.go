@@ -24,6 +24,7 @@ import (
 	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/internal/testmodel"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
 	"github.com/dragon-rag/dragon/session"
 )
 
@@ -144,7 +145,7 @@ func (p *tap) messages(t *testing.T, client bool) ([]*dragonv1.PeerMessage, []by
 	return out, raw
 }
 
-// indexPassage is a line of an index's passages.jsonl, as far as the test
+// indexPassage is a line of an index's passages file, as far as the test
 // reads it.
 type indexPassage struct {
 	ID     uint64 `json:"id"`
@@ -156,7 +157,9 @@ type indexPassage struct {
 
 func readPassages(t *testing.T, dir string) map[uint64]indexPassage {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "passages.jsonl"))
+	man, err := retrieval.ReadManifest(dir)
+	require.NoError(t, err)
+	f, err := os.Open(filepath.Join(dir, man.PassagesFile()))
 	require.NoError(t, err)
 	defer f.Close()
 	out := map[uint64]indexPassage{}
