@@ -94,6 +94,11 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// Generating says whether an answer is being generated now: background
+// work (embedding new documents) waits while it is, so that it does not
+// slow the answer.
+func (s *Server) Generating() bool { return len(s.busy) > 0 }
+
 // Close frees the decoder.
 func (s *Server) Close() error {
 	s.life.Lock()

@@ -853,3 +853,26 @@ func TestDiskFileOverBudgetEvictsNothing(t *testing.T) {
 	assert.True(t, c.Has(seq(1, 32)))
 	assert.Equal(t, fileSize(ns, 32, 320), st.DiskBytes)
 }
+
+// TestDropContaining: a deleted passage's entries go from memory and disk,
+// the others stay, also across a restart.
+func TestDropContaining(t *testing.T) {
+	dir := t.TempDir()
+	c := diskCache(t, dir, 1<<20, 1<<20, nil)
+	c.Put(seq(1, 32), fill(320, 'a'))
+	c.Put(seq(100, 40), fill(400, 'b'))
+	c.Put(branch(100, 16, 7, 48), fill(480, 'c')) // shares tokens 100..115
+	require.Len(t, kvFiles(t, dir), 3)
+
+	run := seq(100, 11)[5:] // tokens 5..10 of both entries
+	assert.Equal(t, 2, c.DropContaining([][]engine.Token{run}), "both entries holding the run")
+	_, ok := look(c, seq(100, 40))
+	assert.False(t, ok)
+	_, ok = look(c, seq(1, 32))
+	assert.True(t, ok, "an entry without the run stays")
+	assert.Len(t, kvFiles(t, dir), 1)
+	assert.Equal(t, 0, c.DropContaining([][]engine.Token{run, nil}))
+
+	c2 := diskCache(t, dir, 1<<20, 1<<20, nil)
+	assert.Equal(t, 1, c2.Stats().Entries, "gone on disk too")
+}

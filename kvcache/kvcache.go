@@ -32,6 +32,7 @@ import (
 	"hash/maphash"
 	"io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -540,6 +541,38 @@ func (c *Cache) insertLocked(e *entry) {
 }
 
 // removeLocked forgets e in every tier.
+// DropContaining removes, from memory and disk, every entry whose tokens
+// hold any of frags as a contiguous run, and returns how many it removed:
+// a deleted document's passages must not be restored from the cache.
+func (c *Cache) DropContaining(frags [][]engine.Token) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for e := range c.entries {
+		for _, f := range frags {
+			if len(f) > 0 && containsRun(e.tokens, f) {
+				c.removeLocked(e)
+				n++
+				break
+			}
+		}
+	}
+	if n > 0 {
+		c.publishLocked()
+	}
+	return n
+}
+
+// containsRun says whether run occurs in toks.
+func containsRun(toks, run []engine.Token) bool {
+	for i := 0; i+len(run) <= len(toks); i++ {
+		if toks[i] == run[0] && slices.Equal(toks[i:i+len(run)], run) {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Cache) removeLocked(e *entry) {
 	if _, ok := c.entries[e]; !ok {
 		return

@@ -140,6 +140,9 @@ func Build(ctx context.Context, dir string, opts Options, paths ...string) (*Ind
 	if err := replaceable(dir); err != nil {
 		return nil, Report{}, err
 	}
+	if err := notInUse(dir); err != nil {
+		return nil, Report{}, err
+	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return nil, Report{}, fmt.Errorf("build %s: %w", dir, err)
 	}
@@ -193,6 +196,24 @@ func replaceable(dir string) error {
 		}
 	}
 	return fmt.Errorf("build %s: the directory exists and does not hold an index; refusing to replace it", dir)
+}
+
+// notInUse fails when a process has the index at dir open: a daemon would
+// go on answering from the index it holds, not the one built, and a
+// writer's changes since would be lost.
+func notInUse(dir string) error {
+	bdir := filepath.Join(dir, bleveDir)
+	if _, err := os.Stat(filepath.Join(bdir, "index_meta.json")); err != nil {
+		return nil
+	}
+	b, err := openBM25(bdir, false)
+	if err != nil {
+		if strings.Contains(err.Error(), "timeout") {
+			return fmt.Errorf("build %s: %w: a running daemon serves it; stop it first, or change its documents through it (dragon docs add|ls|rm --device ADDR)", dir, ErrInUse)
+		}
+		return nil // a broken index: Build replaces it
+	}
+	return b.close()
 }
 
 // replaceDir moves tmp to dir, removing what was at dir.

@@ -410,7 +410,7 @@ func TestScoreCalibration(t *testing.T) {
 	assert.InDelta(t, 5, rrfR(1.0/61, 2), 1e-12)
 	// A passage missing from one list of 50 counts as ranked 51st there.
 	assert.InDelta(t, 10*(1.0/61+1.0/111)/(2.0/61), rrfR(rrf(1, 50)+rrf(0, 50), 2), 1e-12)
-	hits := fuse(ModeHybrid, []scored{{1, 9}, {2, 8}}, 10, []scored{{2, 0.9}, {3, 0.8}}, 50)
+	hits := fuse(ModeHybrid, []scored{{1, 9}, {2, 8}}, 10, []scored{{2, 0.9}, {3, 0.8}}, 50, nil)
 	byID := map[uint64]Hit{}
 	for _, h := range hits {
 		byID[h.Passage.ID] = h
@@ -418,6 +418,13 @@ func TestScoreCalibration(t *testing.T) {
 	assert.Greater(t, byID[2].Score, byID[1].Score, "found by both beats first in one")
 	assert.Greater(t, byID[1].Score, byID[3].Score)
 	assert.Equal(t, Hit{Passage: Passage{ID: 3}, Score: rrfR(rrf(0, 50)+rrf(2, 50), 2), DenseRank: 2, Cosine: 0.8}, byID[3])
+	// A passage without its vector yet ranks by its words alone.
+	hits = fuse(ModeHybrid, []scored{{1, 9}, {2, 8}}, 10, []scored{{2, 0.9}, {3, 0.8}}, 50, func(id uint64) bool { return id == 1 })
+	for _, h := range hits {
+		byID[h.Passage.ID] = h
+	}
+	assert.InDelta(t, rrfR(2*rrf(1, 50), 2), byID[1].Score, 1e-12, "first by BM25, as if first by its vector too")
+	assert.Greater(t, byID[1].Score, byID[2].Score)
 
 	for _, s := range []string{"auto", "bm25", "dense", "hybrid"} {
 		m, err := ParseMode(s)

@@ -95,6 +95,16 @@ func CleanName(name string) (string, error) {
 	return clean, nil
 }
 
+// PutFile is one file for PutAll.
+type PutFile struct {
+	Name string
+	Data []byte
+	Meta map[string]string
+	// Err, when set, is why the file could not even be read (too large,
+	// cut off): it is recorded as failed, like a file that does not parse.
+	Err error
+}
+
 // Put indexes a file given as bytes under name (see CleanName), with meta
 // added to each of its passages' metadata. When Put returns, the file is
 // durable and searchable by BM25; in a dense index its vectors follow
@@ -104,36 +114,109 @@ func CleanName(name string) (string, error) {
 // reason, and is listed so; a failed new version leaves the old one in
 // place. The error is for names refused and failures of the index.
 func (ix *Index) Put(ctx context.Context, name string, data []byte, meta map[string]string) (DocInfo, error) {
-	if ix.opts.ReadOnly {
-		return DocInfo{}, ErrReadOnly
+	if _, err := CleanName(name); err != nil {
+		return DocInfo{}, err
 	}
-	if ix.opts.Tokenizer == nil {
-		return DocInfo{}, errors.New("retrieval: adding files needs a tokenizer")
-	}
-	key, err := CleanName(name)
+	out, err := ix.PutAll(ctx, []PutFile{{Name: name, Data: data, Meta: meta}})
 	if err != nil {
 		return DocInfo{}, err
 	}
-	sum := sha256.Sum256(data)
-	hash := hex.EncodeToString(sum[:])
+	return out[0], nil
+}
+
+// PutAll is Put of many files, in as few changes as it can (one, unless a
+// name repeats), so that a batch costs one sync of the journal. Each
+// file's outcome is in the result, in order; a refused name fails its
+// file alone.
+func (ix *Index) PutAll(ctx context.Context, files []PutFile) ([]DocInfo, error) {
+	if ix.opts.ReadOnly {
+		return nil, ErrReadOnly
+	}
+	if ix.opts.Tokenizer == nil {
+		return nil, errors.New("retrieval: adding files needs a tokenizer")
+	}
 	ix.wmu.Lock()
 	defer ix.wmu.Unlock()
 	if ix.isClosed() {
-		return DocInfo{}, ErrClosed
+		return nil, ErrClosed
 	}
-	if err := ctx.Err(); err != nil {
-		return DocInfo{}, err
+	out := make([]DocInfo, len(files))
+	c := &change{Files: map[string]*fileRecord{}}
+	var add []*Passage
+	staged := map[string]int{} // key → index in files
+	flush := func() error {
+		if len(c.Files) == 0 {
+			return nil
+		}
+		ix.stage(c, add)
+		if err := ix.write(c); err != nil {
+			return err
+		}
+		for key, i := range staged {
+			out[i] = ix.docInfo(key, c.Files[key])
+		}
+		c, add, staged = &change{Files: map[string]*fileRecord{}}, nil, map[string]int{}
+		return nil
 	}
+	for i, f := range files {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		key, err := CleanName(f.Name)
+		if err != nil {
+			out[i] = DocInfo{Source: f.Name, Status: StatusFailed, Error: err.Error()}
+			continue
+		}
+		if _, dup := c.Files[key]; dup {
+			// The later version replaces the earlier, which must be in
+			// the index first.
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+		info, rec, ps := ix.prepare(key, f)
+		if rec == nil {
+			out[i] = info
+			continue
+		}
+		if old := ix.files[key]; old != nil {
+			for _, s := range old.Sources {
+				c.Remove = append(c.Remove, ix.bySource[s]...)
+			}
+		}
+		c.Files[key] = rec
+		add = append(add, ps...)
+		staged[key] = i
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// prepare reads and chunks one file for PutAll. It returns the record and
+// passages to write, or, when there is nothing to write (the same content
+// again, or a failed new version of a good file), the file's outcome
+// alone. Callers hold wmu.
+func (ix *Index) prepare(key string, f PutFile) (DocInfo, *fileRecord, []*Passage) {
+	sum := sha256.Sum256(f.Data)
+	hash := hex.EncodeToString(sum[:])
 	old := ix.files[key]
-	if old != nil && old.Hash == hash && old.Error == "" && maps.Equal(old.Meta, meta) {
+	if old != nil && old.Hash == hash && old.Error == "" && maps.Equal(old.Meta, f.Meta) {
 		info := ix.docInfo(key, old)
 		info.Unchanged = true
-		return info, nil
+		return info, nil, nil
 	}
 	now := time.Now().UTC()
-	rec := &fileRecord{Size: int64(len(data)), ModTime: now, Hash: hash, Added: now, Meta: maps.Clone(meta)}
+	rec := &fileRecord{Size: int64(len(f.Data)), ModTime: now, Hash: hash, Added: now, Meta: maps.Clone(f.Meta)}
 	var rep Report
-	kind, docs, derrs, err := documentsFrom(key, data)
+	var kind Kind
+	var docs []Document
+	var derrs []FileError
+	err := f.Err
+	if err == nil {
+		kind, docs, derrs, err = documentsFrom(key, f.Data)
+	}
 	var ps []*Passage
 	if err == nil {
 		rec.Kind = kind.String()
@@ -152,31 +235,21 @@ func (ix *Index) Put(ctx context.Context, name string, data []byte, meta map[str
 		if errors.Is(err, errUnsupported) {
 			err = fmt.Errorf("%w (this build reads text, Markdown, .eml and mbox files)", err)
 		}
-		failed := ix.docInfo(key, &fileRecord{Size: rec.Size, Hash: hash, Added: now, Error: err.Error()})
 		if old != nil && old.Error == "" {
-			return failed, nil // the version indexed before stays
+			// The version indexed before stays.
+			return ix.docInfo(key, &fileRecord{Size: rec.Size, Hash: hash, Added: now, Error: err.Error()}), nil, nil
 		}
 		rec.Sources, rec.Error = nil, err.Error()
-		ps = nil
+		return DocInfo{}, rec, nil
 	}
-	for _, p := range ps {
-		if len(meta) > 0 {
-			m := maps.Clone(meta)
+	if len(f.Meta) > 0 {
+		for _, p := range ps {
+			m := maps.Clone(f.Meta)
 			maps.Copy(m, p.Meta)
 			p.Meta = m
 		}
 	}
-	c := &change{Files: map[string]*fileRecord{key: rec}}
-	if old != nil {
-		for _, s := range old.Sources {
-			c.Remove = append(c.Remove, ix.bySource[s]...)
-		}
-	}
-	ix.stage(c, ps)
-	if err := ix.write(c); err != nil {
-		return DocInfo{}, err
-	}
-	return ix.docInfo(key, rec), nil
+	return DocInfo{}, rec, ps
 }
 
 // docInfo describes the file recorded under key.
@@ -299,6 +372,43 @@ func (ix *Index) DeleteDocument(id string) (int, error) {
 		return 0, err
 	}
 	return len(c.Remove), nil
+}
+
+// PassagesOf copies the passages of the document (or part) with the given
+// id.
+func (ix *Index) PassagesOf(id string) []Passage {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	key, part, ok := ix.resolveLocked(id)
+	if !ok {
+		return nil
+	}
+	srcs := ix.files[key].Sources
+	if part != "" {
+		srcs = []string{part}
+	}
+	var out []Passage
+	for _, s := range srcs {
+		for _, pid := range ix.bySource[s] {
+			out = append(out, *ix.passages[pid])
+		}
+	}
+	return out
+}
+
+// PassagesUnder copies the passages Delete(source) would remove.
+func (ix *Index) PassagesUnder(source string) []Passage {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	var out []Passage
+	for s, ids := range ix.bySource {
+		if s == source || strings.HasPrefix(s, source+"#") || strings.HasPrefix(s, source+"/") {
+			for _, pid := range ids {
+				out = append(out, *ix.passages[pid])
+			}
+		}
+	}
+	return out
 }
 
 // Pending is the number of passages waiting for their dense vectors.

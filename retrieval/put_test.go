@@ -316,3 +316,28 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+func TestPutAllIsOneChange(t *testing.T) {
+	ix, _, _ := newEmptyIndex(t)
+	defer ix.Close()
+	var files []PutFile
+	for i := range 200 {
+		files = append(files, PutFile{Name: fmt.Sprintf("n/%03d.txt", i), Data: []byte(fmt.Sprintf("note number%d about walruses", i))})
+	}
+	files = append(files, PutFile{Name: "../escape.txt", Data: []byte("x")}, PutFile{Name: "n/000.txt", Data: []byte("the first note, rewritten about seals")})
+	seq := ix.journal.seq
+	out, err := ix.PutAll(t.Context(), files)
+	require.NoError(t, err)
+	require.Len(t, out, len(files))
+	assert.Equal(t, seq+2, ix.journal.seq, "one change, and one more for the name given twice")
+	for _, d := range out[:200] {
+		assert.Equal(t, StatusEmbedding, d.Status, d.Source)
+	}
+	assert.Equal(t, StatusFailed, out[200].Status)
+	assert.Contains(t, out[200].Error, `".."`)
+	assert.Equal(t, StatusEmbedding, out[201].Status)
+	assert.Equal(t, []string{"n/000.txt"}, bm25Sources(t, ix, "seals"))
+	assert.Empty(t, bm25Sources(t, ix, "number0"), "the later version replaced the earlier")
+	assert.Equal(t, []string{"n/137.txt"}, bm25Sources(t, ix, "number137"))
+	assert.Len(t, ix.Documents(), 200)
+}

@@ -129,7 +129,7 @@ func (r *RemoteIndex) Search(ctx context.Context, query string, k int, mode Mode
 	for i, c := range semCands {
 		sem[i] = scored{c.PID, c.Score}
 	}
-	hits := best(fuse(mode, lex, upper, sem, pool), k)
+	hits := best(fuse(mode, lex, upper, sem, pool, nil), k)
 
 	// Only the passages kept travel whole.
 	ids := make([]uint64, len(hits))

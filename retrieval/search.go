@@ -96,11 +96,18 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 		dead := max(0, ix.graph.Len()-len(ix.vecs))
 		sem = graphSearch(ix.graph, qv, pool, dead, live)
 	}
-	hits := best(fuse(mode, lex, upper, sem, pool), k)
+	hits := best(fuse(mode, lex, upper, sem, pool, ix.isPendingLocked), k)
 	for i := range hits {
 		hits[i].Passage = *ix.passages[hits[i].Passage.ID]
 	}
 	return hits, nil
+}
+
+// isPendingLocked says whether a passage awaits its vector. Callers hold
+// mu.
+func (ix *Index) isPendingLocked(id uint64) bool {
+	_, ok := ix.pending[id]
+	return ok
 }
 
 func (ix *Index) corpusStats() corpusStats {
@@ -154,8 +161,11 @@ func (ix *Index) embedQuery(ctx context.Context, query string, dims int) ([]floa
 // In hybrid fusion a passage missing from one list counts as ranked just
 // past its end (pool+1) rather than contributing nothing: "not in the top
 // 50" is weak evidence against it, and with plain RRF a passage only one
-// ranker found would get a weight e^-5 below one both found.
-func fuse(mode Mode, lex []scored, upper float64, sem []scored, pool int) []Hit {
+// ranker found would get a weight e^-5 below one both found. A passage
+// still waiting for its vector (pending, nil for none) has no dense rank
+// to miss: its BM25 rank stands in for it, so a document just added ranks
+// as its words say until its vectors are in.
+func fuse(mode Mode, lex []scored, upper float64, sem []scored, pool int, pending func(uint64) bool) []Hit {
 	byID := map[uint64]*Hit{}
 	var order []uint64
 	get := func(id uint64) *Hit {
@@ -184,7 +194,11 @@ func fuse(mode Mode, lex []scored, upper float64, sem []scored, pool int) []Hit 
 		case ModeDense:
 			h.Score = denseR(h.Cosine)
 		default:
-			h.Score = rrfR(rrf(h.BM25Rank, pool)+rrf(h.DenseRank, pool), 2)
+			dense := h.DenseRank
+			if dense == 0 && pending != nil && pending(id) {
+				dense = h.BM25Rank
+			}
+			h.Score = rrfR(rrf(h.BM25Rank, pool)+rrf(dense, pool), 2)
 		}
 		hits = append(hits, *h)
 	}

@@ -27,9 +27,9 @@ func init() { commands = append(commands, newAskCmd) }
 // openSearcher opens what --index names: a Weaviate collection
 // (weaviate:// or weaviate+https:// URL) or a local index folder (also
 // bleve:DIR). The returned func closes what it opened.
-func openSearcher(spec string, m engine.Model, threads int) (retrieval.Searcher, func(), error) {
+func openSearcher(spec string, m engine.Model, threads int, writable bool) (retrieval.Searcher, func(), error) {
 	if !strings.HasPrefix(spec, "weaviate://") && !strings.HasPrefix(spec, "weaviate+https://") {
-		ix, closeIx, err := openIndex(strings.TrimPrefix(spec, "bleve:"), m, threads)
+		ix, closeIx, err := openIndexFor(strings.TrimPrefix(spec, "bleve:"), m, threads, !writable)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -67,11 +67,17 @@ func openSearcher(spec string, m engine.Model, threads int) (retrieval.Searcher,
 // index was built with (indexEmbedder) when it has vectors. The returned
 // func closes what it opened.
 func openIndex(dir string, m engine.Model, threads int) (*retrieval.Index, func(), error) {
+	return openIndexFor(dir, m, threads, true)
+}
+
+// openIndexFor opens an index read-only or, for the daemon that is its
+// writer, for writing.
+func openIndexFor(dir string, m engine.Model, threads int, readOnly bool) (*retrieval.Index, func(), error) {
 	man, err := retrieval.ReadManifest(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := retrieval.Options{ReadOnly: true, Tokenizer: m}
+	opts := retrieval.Options{ReadOnly: readOnly, Tokenizer: m}
 	closeEmb := func() {}
 	if man.Dense {
 		if opts.Embedder, closeEmb, err = indexEmbedder(man, m, threads); err != nil {

@@ -51,10 +51,13 @@ func modeName(m dragonv1.Mode) string { return session.ModeName(m) }
 // decoder, the limits and the decoding fit.
 type sideFlags struct {
 	model, index, retrieval, profile string
-	rerankModel                      string
-	rerankCandidates, rescoreEvery   int
-	posteriorEvery                   int
-	threads, passages, maxPassages   int
+	// writableIndex opens a local index for writing: the device daemon is
+	// its only writer and serves the document API over it.
+	writableIndex                  bool
+	rerankModel                    string
+	rerankCandidates, rescoreEvery int
+	posteriorEvery                 int
+	threads, passages, maxPassages int
 	// closedBook, when not empty, is the relevance of the closed-book
 	// document each retrieval adds (session.ClosedBook).
 	closedBook                      string
@@ -183,6 +186,9 @@ func (f *sideFlags) closedBookSeqs() int {
 type side struct {
 	model     engine.Model
 	retriever session.Retriever
+	// index is the local index this daemon writes (the device's), for the
+	// document API; nil otherwise.
+	index *retrieval.Index
 	// backendReady checks a remote retrieval backend (nil: none).
 	backendReady func(context.Context) error
 	decoder      decoder.Options
@@ -222,13 +228,16 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	s := &side{model: m, close: func() { m.Close() }}
 	var reranker *rerank.Reranker
 	if f.index != "" {
-		ix, closeIx, err := openSearcher(f.index, m, f.threads)
+		ix, closeIx, err := openSearcher(f.index, m, f.threads, f.writableIndex)
 		if err != nil {
 			m.Close()
 			return nil, fmt.Errorf("%w (make index-qwen builds the default ones, make index SmolLM2's; --index '' serves without retrieval)", err)
 		}
 		if r, ok := ix.(*retrieval.RemoteIndex); ok {
 			s.backendReady = r.Ready
+		}
+		if w, ok := ix.(*retrieval.Index); ok && f.writableIndex {
+			s.index = w
 		}
 		s.close = func() { closeIx(); m.Close() }
 		if f.rerankModel != "" {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/dragon-rag/dragon/device"
+	"github.com/dragon-rag/dragon/library"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
 	"github.com/dragon-rag/dragon/wire"
@@ -28,6 +30,7 @@ func newDeviceCmd() *cobra.Command {
 		cloudTimeout  time.Duration
 		idleUnload    time.Duration
 		modelID       string
+		maxUploadMB   int
 		peer          wire.Config
 	)
 	cmd := &cobra.Command{
@@ -53,6 +56,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			if idleUnload < 0 {
 				return fmt.Errorf("--idle-unload %v: need 0 (never) or more", idleUnload)
 			}
+			f.writableIndex = true
 			s, err := f.load(log)
 			if err != nil {
 				return err
@@ -108,8 +112,26 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				modelID = strings.TrimSuffix(filepath.Base(f.model), ".gguf")
 			}
 			device.NewOpenAI(srv, modelID, f.grpc.Token).Register(h.mux)
+			var docs *device.Documents
+			if s.index != nil {
+				lib := library.New(s.index, library.Options{
+					Limits: library.Limits{FileBytes: int64(maxUploadMB) << 20}, Busy: srv.Generating,
+					OnRemove: dropCachedPassages(s.decoder.Cache, s.model, log), Logger: log,
+				})
+				// The library's last checkpoint comes before the index
+				// closes (deferred above).
+				ctx, cancel := context.WithCancel(cmd.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); lib.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+				docs = device.NewDocuments(lib, f.grpc.Token, log)
+				docs.Register(h.mux)
+			}
 			return serveAll(cmd.Context(), log, &f, h, func(g *grpc.Server) {
 				dragonv1.RegisterDeviceServiceServer(g, srv)
+				if docs != nil {
+					dragonv1.RegisterDocumentServiceServer(g, docs)
+				}
 			})
 		},
 	}
@@ -121,6 +143,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.StringVar(&modelID, "model-id", "", "model id of the OpenAI-compatible API on --http (default: the model file's name without .gguf)")
 	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud answers no handshake or decides no step for this long (it is also finished alone when the cloud goes away)")
 	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits (0: no budget; see deploy/phone/README.md)")
+	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
 	fs.DurationVar(&idleUnload, "idle-unload", 0, "after this long without a request, free the model and its context (memory goes back to the OS); the next request loads them back (0: never)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd

@@ -89,7 +89,7 @@ func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel s
 		cloudAddr = link(cloudAddr)
 	}
 	dev := startDaemon(t, "device", append([]string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", deviceModel, "--threads", "1",
-		"--index", testmodel.IndexDir(t, "device"), "--cloud", cloudAddr, "--profile", "", "--rerank-model", ""}, deviceArgs...)...)
+		"--index", testmodel.IndexCopy(t, "device"), "--cloud", cloudAddr, "--profile", "", "--rerank-model", ""}, deviceArgs...)...)
 	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
@@ -307,7 +307,7 @@ func TestConcurrentDevicesShareTheCloud(t *testing.T) {
 	var clients []dragonv1.DeviceServiceClient
 	for i := range 2 {
 		dev := startDaemon(t, fmt.Sprintf("device%d", i), "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model,
-			"--threads", "1", "--index", testmodel.IndexDir(t, "device"), "--cloud", cld.Addr, "--profile", "", "--rerank-model", "")
+			"--threads", "1", "--index", testmodel.IndexCopy(t, "device"), "--cloud", cld.Addr, "--profile", "", "--rerank-model", "")
 		conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })

@@ -32,7 +32,7 @@ func TestIndexPushAndServeFromWeaviate(t *testing.T) {
 		assert.Contains(t, out, "0 failed; the collection holds 5 passages", out)
 	}
 
-	ix, closeIx, err := openSearcher(url, m, 1)
+	ix, closeIx, err := openSearcher(url, m, 1, false)
 	require.NoError(t, err)
 	defer closeIx()
 	r, ok := ix.(*retrieval.RemoteIndex)
@@ -45,7 +45,7 @@ func TestIndexPushAndServeFromWeaviate(t *testing.T) {
 	assert.Contains(t, hits[0].Passage.Text, "Etna")
 	assert.Len(t, ps, 5)
 
-	_, _, err = openSearcher(strings.Replace(url, "/Warm", "/Missing", 1), m, 1)
+	_, _, err = openSearcher(strings.Replace(url, "/Warm", "/Missing", 1), m, 1, false)
 	assert.ErrorContains(t, err, "no such collection")
 
 	cl.Kill(0)
@@ -74,7 +74,7 @@ func TestIndexBuildIntoWeaviate(t *testing.T) {
 	m, err := llamacpp.Load(model, llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
 	defer m.Close()
-	ix, closeIx, err := openSearcher(url, m, 1)
+	ix, closeIx, err := openSearcher(url, m, 1, false)
 	require.NoError(t, err)
 	defer closeIx()
 	hits, err := ix.Search(t.Context(), "a mountain spewing molten rock", 1, retrieval.ModeDense)

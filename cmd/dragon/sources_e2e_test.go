@@ -155,6 +155,24 @@ type indexPassage struct {
 	Text   string `json:"text"`
 }
 
+// tapFound says whether s is in a tapped stream's bytes or in one of its
+// messages (encoded again: a string split across HTTP/2 frames is whole
+// there).
+func tapFound(t *testing.T, raw []byte, msgs []*dragonv1.PeerMessage, s string) bool {
+	t.Helper()
+	if bytes.Contains(raw, []byte(s)) {
+		return true
+	}
+	for _, m := range msgs {
+		b, err := proto.Marshal(m)
+		require.NoError(t, err)
+		if bytes.Contains(b, []byte(s)) {
+			return true
+		}
+	}
+	return false
+}
+
 func readPassages(t *testing.T, dir string) map[uint64]indexPassage {
 	t.Helper()
 	man, err := retrieval.ReadManifest(dir)
@@ -238,23 +256,10 @@ func TestAnswerSourcesEndToEnd(t *testing.T) {
 	// entries' names, titles, metadata or excerpts (the control build
 	// sends them, and the tap finds them).
 	up, rawUp := link.messages(t, true)
-	found := func(raw []byte, msgs []*dragonv1.PeerMessage, s string) bool {
-		if bytes.Contains(raw, []byte(s)) {
-			return true
-		}
-		for _, m := range msgs {
-			b, err := proto.Marshal(m)
-			require.NoError(t, err)
-			if bytes.Contains(b, []byte(s)) {
-				return true
-			}
-		}
-		return false
-	}
-	require.True(t, found(rawUp, up, promptset.DemoQuestion), "the tap reads the device's stream")
+	require.True(t, tapFound(t, rawUp, up, promptset.DemoQuestion), "the tap reads the device's stream")
 	var leaked []string
 	for _, s := range secret {
-		if found(rawUp, up, s) {
+		if tapFound(t, rawUp, up, s) {
 			leaked = append(leaked, s)
 		}
 	}
@@ -277,7 +282,7 @@ func TestAnswerSourcesEndToEnd(t *testing.T) {
 	require.NotNil(t, cloudSources, "the cloud sent its sources")
 	require.Len(t, cloudSources.GetSources(), bySide[dragonv1.Side_SIDE_CLOUD])
 	for _, e := range cloudSources.GetSources() {
-		assert.True(t, found(nil, down, e.GetSource()))
+		assert.True(t, tapFound(t, nil, down, e.GetSource()))
 	}
 	var cancel *dragonv1.Cancel
 	for _, m := range up {

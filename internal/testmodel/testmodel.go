@@ -117,6 +117,19 @@ func CorpusDir(t testing.TB) string {
 	return p
 }
 
+// IndexCopy is a copy of IndexDir(t, side) in a temporary folder, for a
+// daemon that writes its index (the device): tests must not change the
+// repository's, and two devices cannot share one.
+func IndexCopy(t testing.TB, side string) string {
+	t.Helper()
+	src := IndexDir(t, side)
+	dst := filepath.Join(t.TempDir(), side)
+	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
+		t.Fatalf("copy index %s: %v", src, err)
+	}
+	return dst
+}
+
 // IndexDir is data/index/<side> of the repository (`make index`).
 func IndexDir(t testing.TB, side string) string {
 	t.Helper()

@@ -1,5 +1,5 @@
 // Package dragonv1 is the generated Go code of the dragon.v1 protobuf
-// package (peer.proto, device.proto). Do not edit the *.pb.go files:
+// package (peer.proto, device.proto, documents.proto). Do not edit the *.pb.go files:
 // change the .proto files and run `make proto`.
 //
 // Distributions travel as opaque bytes (Draft.distribution); package codec

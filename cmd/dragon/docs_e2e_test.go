@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"mime/multipart"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/dragon-rag/dragon/bench/aggbench"
+	"github.com/dragon-rag/dragon/internal/testmodel"
+	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/session"
+)
+
+// uploadFiles posts files (name → content) to a device's /v1/documents
+// and returns the documents it answers with.
+func uploadFiles(t *testing.T, httpAddr string, files ...[2]string) []map[string]any {
+	t.Helper()
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	for _, f := range files {
+		w, err := mw.CreateFormFile("file", f[0])
+		require.NoError(t, err)
+		_, err = w.Write([]byte(f[1]))
+		require.NoError(t, err)
+	}
+	require.NoError(t, mw.Close())
+	resp, err := http.Post("http://"+httpAddr+"/v1/documents", mw.FormDataContentType(), &body)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out struct {
+		Documents []map[string]any `json:"documents"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", out)
+	return out.Documents
+}
+
+func httpDo(t *testing.T, method, url string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// deviceSources asks a question and returns the sources of the device's
+// side of the answer.
+func deviceSources(t *testing.T, c dragonv1.DeviceServiceClient, q string) []string {
+	t.Helper()
+	a, err := ask(t, c, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 6}})
+	require.NoError(t, err)
+	var out []string
+	for _, s := range a.Summary.GetSources() {
+		if s.GetSide() == dragonv1.Side_SIDE_DEVICE {
+			out = append(out, s.GetSource())
+		}
+	}
+	return out
+}
+
+const gateMail = "From: Ann Halvorsen <ann@halvorsen.example>\r\nSubject: Halvorsen cabin gate code\r\n" +
+	"Date: Mon, 7 Dec 2026 09:00:00 +0000\r\n\r\nThe gate code of the Halvorsen cabin is 4417; the key is under the blue flowerpot.\r\n"
+
+// TestDocumentAPIEndToEnd: both daemons as processes. Documents added to
+// the running device over HTTP are retrieved at once; a deleted one is
+// not; one acknowledged just before a kill -9 is there after the restart;
+// questions are answered while files are being added; and the link to the
+// cloud carries nothing of the documents (the dragon_leak_sources build's
+// device sends its sources, which the tap must then find).
+func TestDocumentAPIEndToEnd(t *testing.T) {
+	model := testmodel.Path(t)
+	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--rerank-model", "")
+	link := newTap(t, cld.Addr)
+	devArgs := []string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexCopy(t, "device"), "--cloud", link.ln.Addr().String(), "--profile", "", "--rerank-model", ""}
+	startDevice := func() (*aggbench.Daemon, dragonv1.DeviceServiceClient) {
+		dev := startDaemon(t, "device", devArgs...)
+		require.Eventually(t, func() bool { return dev.HTTPAddr() != "" }, 30*time.Second, 20*time.Millisecond)
+		conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		return dev, dragonv1.NewDeviceServiceClient(conn)
+	}
+	dev, client := startDevice()
+
+	docs := uploadFiles(t, dev.HTTPAddr(),
+		[2]string{"mail/gate.eml", gateMail},
+		[2]string{"notes/quokka.md", "# Quokka trip\n\nOn Rottnest Island the quokkas followed us to the lighthouse at Wadjemup."})
+	require.Len(t, docs, 2)
+	for _, d := range docs {
+		assert.Equal(t, "indexed", d["status"], "%v", d)
+	}
+	assert.Contains(t, deviceSources(t, client, "What is the gate code of the Halvorsen cabin?"), "mail/gate.eml", "retrieved once acknowledged")
+	assert.Contains(t, deviceSources(t, client, "Where did the quokkas follow us on Rottnest Island?"), "notes/quokka.md")
+
+	// Deleted: no longer retrieved.
+	code, out := httpDo(t, "DELETE", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[1]["id"].(string))
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	assert.NotContains(t, deviceSources(t, client, "Where did the quokkas follow us on Rottnest Island?"), "notes/quokka.md")
+
+	// Questions are answered while files are being added.
+	var wg sync.WaitGroup
+	for b := range 4 {
+		wg.Go(func() {
+			var files [][2]string
+			for i := range 25 {
+				files = append(files, [2]string{fmt.Sprintf("bulk/%d-%02d.txt", b, i), fmt.Sprintf("Bulk note %d of batch %d about tide tables.", i, b)})
+			}
+			for _, d := range uploadFiles(t, dev.HTTPAddr(), files...) {
+				assert.Equal(t, "indexed", d["status"])
+			}
+		})
+	}
+	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "What is the gate code of the Halvorsen cabin?", Sampling: &dragonv1.SamplingParams{MaxTokens: 12}})
+	require.NoError(t, err, "answered during ingestion")
+	assert.NotEmpty(t, a.Tokens)
+	wg.Wait()
+
+	// Everything of the documents stays off the link (checked before the
+	// restart, while the tap holds one connection it can parse).
+	secrets := []string{"mail/gate.eml", "Halvorsen cabin gate code", "ann@halvorsen.example", "flowerpot", "notes/quokka.md", "Quokka trip", "Wadjemup", "bulk/"}
+	up, rawUp := link.messages(t, true)
+	var leaked []string
+	for _, s := range secrets {
+		if tapFound(t, rawUp, up, s) {
+			leaked = append(leaked, s)
+		}
+	}
+	if session.LeaksSources() {
+		assert.NotEmpty(t, leaked, "the control build sends the device's sources: the tap must find them")
+	} else {
+		assert.Empty(t, leaked, "nothing of the device's documents crosses the link")
+	}
+
+	// Acknowledged, then kill -9: there after the restart.
+	docs = uploadFiles(t, dev.HTTPAddr(), [2]string{"notes/kayak.txt", "The kayak paddles hang in the boathouse behind the sauna."})
+	require.NoError(t, dev.Kill())
+	dev, client = startDevice()
+	code, out = httpDo(t, "GET", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[0]["id"].(string))
+	require.Equal(t, http.StatusOK, code, "%v\n%s", out, dev.Logs())
+	assert.Equal(t, "indexed", out["status"])
+	assert.Contains(t, deviceSources(t, client, "Where do the kayak paddles hang?"), "notes/kayak.txt")
+	code, out = httpDo(t, "GET", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[0]["id"].(string)[:8])
+	assert.Equal(t, http.StatusNotFound, code, "%v", out)
+	if !session.LeaksSources() {
+		link.mu.Lock()
+		raw := bytes.Clone(link.toCloud.Bytes())
+		link.mu.Unlock()
+		for _, s := range []string{"notes/kayak.txt", "boathouse"} {
+			assert.False(t, bytes.Contains(raw, []byte(s)), "%q crossed the link", s)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package library
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine/fake"
+	"github.com/dragon-rag/dragon/retrieval"
+)
+
+func denseIndex(t *testing.T) (*retrieval.Index, string, retrieval.Options) {
+	t.Helper()
+	opts := retrieval.Options{Tokenizer: fake.New(fake.Config{Vocab: 300}), Embedder: retrieval.RandomEmbedder{Dims: 8}}
+	dir := filepath.Join(t.TempDir(), "index")
+	ix, _, err := retrieval.Build(t.Context(), dir, opts)
+	require.NoError(t, err)
+	return ix, dir, opts
+}
+
+// TestRunEmbedsWhileIdle: vectors are computed in the background, not
+// while an answer is being generated, and reach disk with a checkpoint.
+func TestRunEmbedsWhileIdle(t *testing.T) {
+	ix, dir, opts := denseIndex(t)
+	var busy atomic.Bool
+	busy.Store(true)
+	lib := New(ix, Options{Busy: busy.Load, EmbedBatch: 2, CheckpointEvery: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); lib.Run(ctx) }()
+
+	d, err := lib.Add(t.Context(), Upload{Name: "a.txt", Data: strings.NewReader(strings.Repeat("walrus tusks are teeth. ", 40))})
+	require.NoError(t, err)
+	require.Equal(t, retrieval.StatusEmbedding, d.Status)
+	require.Greater(t, d.Passages, 2)
+	time.Sleep(3 * busyPoll)
+	assert.Equal(t, d.Passages, ix.Pending(), "nothing embedded while answering")
+
+	busy.Store(false)
+	require.Eventually(t, func() bool { return ix.Pending() == 0 }, 10*time.Second, 10*time.Millisecond)
+	got, ok := lib.Get(d.ID)
+	require.True(t, ok)
+	assert.Equal(t, retrieval.StatusIndexed, got.Status)
+	assert.Equal(t, got.Passages, got.Embedded)
+
+	cancel()
+	<-done
+	require.NoError(t, ix.Close())
+	ix, err = retrieval.Open(dir, opts)
+	require.NoError(t, err)
+	defer ix.Close()
+	assert.Zero(t, ix.Pending(), "the vectors were checkpointed")
+}
+
+func TestAddLimitsAndDeletes(t *testing.T) {
+	ix, _, _ := denseIndex(t)
+	defer ix.Close()
+	var removed []retrieval.Passage
+	lib := New(ix, Options{Limits: Limits{FileBytes: 64}, OnRemove: func(ps []retrieval.Passage) { removed = append(removed, ps...) }})
+	ctx := t.Context()
+
+	out, err := lib.AddAll(ctx, []Upload{
+		{Name: "ok.txt", Data: strings.NewReader("a short note about puffins")},
+		{Name: "declared.txt", Data: strings.NewReader("x"), Size: 1 << 30},
+		{Name: "long.txt", Data: strings.NewReader(strings.Repeat("y", 65)), Size: -1},
+		{Name: "a/../../b.txt", Data: strings.NewReader("z")},
+	})
+	require.NoError(t, err)
+	require.Len(t, out, 4)
+	assert.Equal(t, retrieval.StatusEmbedding, out[0].Status)
+	assert.Contains(t, out[1].Error, "declared 1073741824 bytes, over the 64")
+	assert.Contains(t, out[2].Error, "over the 64 bytes")
+	assert.Contains(t, out[3].Error, `".."`)
+	page, err := lib.List(0, "")
+	require.NoError(t, err)
+	assert.Equal(t, 3, page.Total, "failed files with a name are listed")
+	assert.Equal(t, 2, lib.Stats().Failed)
+
+	_, err = lib.List(10, "x")
+	assert.ErrorContains(t, err, "bad page token")
+
+	n, err := lib.DeleteSource("ok.txt")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	require.Len(t, removed, 1)
+	assert.Contains(t, removed[0].Text, "puffins")
+	_, err = lib.DeleteSource("ok.txt")
+	assert.ErrorIs(t, err, retrieval.ErrNotIndexed)
+}
