@@ -163,7 +163,7 @@ vet: deps
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
 test: deps model qwen embed-model rerank-model weaviate corpus index vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
-	$(GO) test -race -count=1 -tags dragon_leak_sources -run '^TestAnswerSourcesEndToEnd$$' ./cmd/dragon/
+	$(GO) test -race -count=1 -tags dragon_leak_sources -run '^(TestAnswerSourcesEndToEnd|TestDocumentAPIEndToEnd)$$' ./cmd/dragon/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 300000x -fuzzminimizetime 2s ./codec/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeAgainstAPeer$$' -fuzztime 150000x -fuzzminimizetime 2s ./aggregator/
 	$(MAKE) deploy-check
