@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
@@ -354,6 +355,9 @@ func serve(ctx context.Context, log *slog.Logger, addr string, cfg wire.Config, 
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	register(srv)
+	// Stock tools (grpcurl, evans) list and call every service without
+	// the .proto files; behind the same token as the rest.
+	reflection.Register(srv)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

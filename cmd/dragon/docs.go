@@ -127,10 +127,19 @@ be read on the device's own machine where they are.`,
 			if err != nil {
 				return err
 			}
+			var failed int
 			if c.asJSON {
-				return printProtoJSON(cmd.OutOrStdout(), resp)
+				if err := printProtoJSON(cmd.OutOrStdout(), resp); err != nil {
+					return err
+				}
+				for _, d := range resp.GetDocuments() {
+					if d.GetStatus() == dragonv1.DocumentStatus_DOCUMENT_STATUS_FAILED {
+						failed++
+					}
+				}
+			} else {
+				failed = printDocs(cmd.OutOrStdout(), resp.GetDocuments())
 			}
-			failed := printDocs(cmd.OutOrStdout(), resp.GetDocuments())
 			if failed > 0 {
 				return fmt.Errorf("%d of %d files could not be added", failed, len(resp.GetDocuments()))
 			}

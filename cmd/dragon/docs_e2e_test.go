@@ -2,10 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"mime/multipart"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +18,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/dragon-rag/dragon/bench/aggbench"
 	"github.com/dragon-rag/dragon/internal/testmodel"
@@ -165,4 +175,87 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 			assert.False(t, bytes.Contains(raw, []byte(s)), "%q crossed the link", s)
 		}
 	}
+}
+
+// dragonCLI runs `dragon argv...` from this test binary and returns its
+// combined output and error.
+func dragonCLI(t *testing.T, env []string, argv ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(append(os.Environ(), env...), "DRAGON_CHILD_ARGS="+strings.Join(argv, "\n"))
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestDocsCLIAndReflection: a running device with a token serves gRPC
+// reflection behind it (so stock tools list and call every service),
+// dragon docs add|ls|rm is its client, and dragon index on its folder
+// says to use dragon docs.
+func TestDocsCLIAndReflection(t *testing.T) {
+	index := testmodel.IndexCopy(t, "device")
+	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", testmodel.Path(t),
+		"--threads", "1", "--index", index, "--cloud", "", "--profile", "", "--rerank-model", "", "--token", "s3cret")
+	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	listServices := func(ctx context.Context) ([]string, error) {
+		stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			return nil, err
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			out = append(out, s.GetName())
+		}
+		return out, nil
+	}
+	_, err = listServices(t.Context())
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "reflection is behind the token: %v", err)
+	authed := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer s3cret")
+	services, err := listServices(authed)
+	require.NoError(t, err)
+	assert.Subset(t, services, []string{"dragon.v1.DeviceService", "dragon.v1.DocumentService", "grpc.health.v1.Health"})
+
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "notes"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes", "fern.md"), []byte("# Ferns\n\nThe fern by the window needs water on Sundays."), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes", "blob.bin"), []byte{0, 1, 2, 3, 0, 0}, 0o644))
+	env := []string{"DRAGON_TOKEN=s3cret"}
+	out, err := dragonCLI(t, env, "docs", "add", "--device", dev.Addr, "--json", filepath.Join(dir, "notes"))
+	require.Error(t, err, "one file failed: the command says so")
+	var added dragonv1.AddDocumentsResponse
+	require.NoError(t, protojson.Unmarshal([]byte(out[strings.Index(out, "{"):strings.LastIndex(out, "}")+1]), &added), out)
+	require.Len(t, added.GetDocuments(), 2)
+	assert.Equal(t, "notes/blob.bin", added.GetDocuments()[0].GetSource())
+	assert.Equal(t, dragonv1.DocumentStatus_DOCUMENT_STATUS_FAILED, added.GetDocuments()[0].GetStatus())
+	assert.Equal(t, "notes/fern.md", added.GetDocuments()[1].GetSource())
+	assert.Equal(t, dragonv1.DocumentStatus_DOCUMENT_STATUS_INDEXED, added.GetDocuments()[1].GetStatus())
+
+	out, err = dragonCLI(t, env, "docs", "ls", "--device", dev.Addr)
+	require.NoError(t, err, out)
+	assert.Regexp(t, `[0-9a-f]{16}\s+indexed\s+1\s+notes/fern.md\s+Ferns`, out)
+	out, err = dragonCLI(t, nil, "docs", "ls", "--device", dev.Addr)
+	require.Error(t, err)
+	assert.Contains(t, out, "missing bearer token")
+
+	out, err = dragonCLI(t, env, "docs", "rm", "--device", dev.Addr, "notes/fern.md")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "removed notes/fern.md (1 passages)")
+	out, err = dragonCLI(t, env, "docs", "rm", "--device", dev.Addr, "notes/fern.md")
+	require.Error(t, err)
+	assert.Contains(t, out, "NotFound")
+
+	out, err = dragonCLI(t, nil, "index", "add", "--dir", index, dir)
+	require.Error(t, err)
+	assert.Contains(t, out, "dragon docs add")
+	out, err = dragonCLI(t, nil, "index", "build", "--dir", index, dir)
+	require.Error(t, err)
+	assert.Contains(t, out, "dragon docs add")
 }
