@@ -201,7 +201,7 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
 	opts.Log, opts.Metrics, opts.HedgeBelow = log, s.cfg.Metrics, s.cfg.HedgeBelow
 	start := time.Now()
 	defer s.cfg.Metrics.Begin()()
-	passages, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesCloud)
+	passages, err := s.cfg.Retrieve(ctx, req, req.PassagesCloud)
 	if err != nil {
 		// A retrieval backend's outage shows here first: say so, not only
 		// to the device.

@@ -316,7 +316,7 @@ func answerSources(own []decoder.Passage, sum session.Summary) ([]*dragonv1.Sour
 }
 
 func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.Passage, error) {
-	ps, err := s.cfg.Retrieve(ctx, req.Query, req.PassagesDevice)
+	ps, err := s.cfg.Retrieve(ctx, req, req.PassagesDevice)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "device retrieval: %v", err)
 	}

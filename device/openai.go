@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -203,6 +204,43 @@ type options struct {
 	IncludeSources *bool `json:"include_sources"`
 	// PosteriorEvery: GenerateRequest's posterior_every.
 	PosteriorEvery *int `json:"posterior_every"`
+	// Filter narrows the device's retrieval (it stays on the device),
+	// CloudFilter the cloud's.
+	Filter      *filterJSON `json:"filter"`
+	CloudFilter *filterJSON `json:"cloud_filter"`
+}
+
+// filterJSON is a RetrievalFilter in the API: dates as RFC 3339 times or
+// days ("2002-09-01").
+type filterJSON struct {
+	SourcePrefix string `json:"source_prefix"`
+	From         string `json:"from"`
+	After        string `json:"after"`
+	Before       string `json:"before"`
+}
+
+func (f *filterJSON) proto(field string) (*dragonv1.RetrievalFilter, error) {
+	if f == nil {
+		return nil, nil
+	}
+	out := &dragonv1.RetrievalFilter{SourcePrefix: f.SourcePrefix, From: f.From}
+	for name, v := range map[string]string{"after": f.After, "before": f.Before} {
+		if v == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			if t, err = time.Parse("2006-01-02", v); err != nil {
+				return nil, fmt.Errorf("%s.%s %q: want an RFC 3339 time or a day (2006-01-02)", field, name, v)
+			}
+		}
+		if name == "after" {
+			out.After = timestamppb.New(t)
+		} else {
+			out.Before = timestamppb.New(t)
+		}
+	}
+	return out, nil
 }
 
 type chatRequest struct {
@@ -311,6 +349,13 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 		g.ConfidenceTemperature = float32(*opts.ConfidenceTemperature)
 	}
 	g.OmitSources = opts.IncludeSources != nil && !*opts.IncludeSources
+	var err error
+	if g.Filter, err = opts.Filter.proto("filter"); err != nil {
+		return nil, bad("%v", err)
+	}
+	if g.CloudFilter, err = opts.CloudFilter.proto("cloud_filter"); err != nil {
+		return nil, bad("%v", err)
+	}
 	if p := opts.PosteriorEvery; p != nil {
 		if *p < 0 || *p > session.MaxPosteriorEvery {
 			return nil, bad("posterior_every %d: need 0 (off) to %d", *p, session.MaxPosteriorEvery)

@@ -154,6 +154,21 @@ func TestOpenAIErrors(t *testing.T) {
 	assert.Equal(t, http.StatusBadRequest, status(err), "unknown mode")
 	_, err = c.Chat.Completions.New(ctx, ok, option.WithJSONSet("mode", "dragon"))
 	assert.Equal(t, http.StatusBadRequest, status(err), "no cloud configured")
+	for name, f := range map[string]map[string]any{
+		"filter date":         {"filter": map[string]any{"after": "last tuesday"}},
+		"cloud filter date":   {"cloud_filter": map[string]any{"before": "2002-13-45"}},
+		"before not after":    {"filter": map[string]any{"after": "2002-06-01", "before": "2002-01-01"}},
+		"filter not a object": {"filter": "from:ann"},
+	} {
+		var opts []option.RequestOption
+		for k, v := range f {
+			opts = append(opts, option.WithJSONSet(k, v))
+		}
+		_, err = c.Chat.Completions.New(ctx, ok, opts...)
+		assert.Equal(t, http.StatusBadRequest, status(err), name)
+	}
+	_, err = c.Chat.Completions.New(ctx, ok, option.WithJSONSet("filter", map[string]any{"from": "ann", "after": "2002-01-01", "before": "2002-06-01T00:00:00Z"}))
+	require.NoError(t, err, "a filter the device-only daemon applies")
 
 	for name, body := range map[string]string{
 		"invalid JSON":  `{"model":`,

@@ -30,11 +30,19 @@ var _ retrieval.Searcher = (*Searcher)(nil)
 
 // Search implements retrieval.Searcher.
 func (s *Searcher) Search(ctx context.Context, query string, k int, mode retrieval.Mode) ([]retrieval.Hit, error) {
+	return s.SearchFilter(ctx, query, k, mode, retrieval.Filter{})
+}
+
+var _ retrieval.FilterSearcher = (*Searcher)(nil)
+
+// SearchFilter implements retrieval.FilterSearcher: the candidates are the
+// first stage's among the passages f lets through.
+func (s *Searcher) SearchFilter(ctx context.Context, query string, k int, mode retrieval.Mode, f retrieval.Filter) ([]retrieval.Hit, error) {
 	if k <= 0 {
 		return nil, fmt.Errorf("rerank: search needs k > 0, got %d", k)
 	}
 	n := max(k, cmp.Or(s.Candidates, DefaultCandidates))
-	hits, err := s.Inner.Search(ctx, query, n, mode)
+	hits, err := retrieval.SearchWith(ctx, s.Inner, query, n, mode, f)
 	if err != nil {
 		return nil, err
 	}

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/coder/hnsw"
+
+	"github.com/dragon-rag/dragon/extract"
 )
 
 // Report summarizes an Add or Build.
@@ -155,9 +159,14 @@ func chunkDocuments(tok Tokenizer, chunk ChunkOptions, docs []Document, rep *Rep
 		}
 		sources = append(sources, d.Source)
 		for _, s := range spans {
+			meta := d.Meta
+			if len(d.Pages) > 0 {
+				meta = maps.Clone(d.Meta)
+				meta["page"] = strconv.Itoa(extract.PageAt(d.Pages, s.Start))
+			}
 			out = append(out, &Passage{
 				Source: d.Source, Start: s.Start, End: s.End, Tokens: s.Tokens,
-				Text: d.Text[s.Start:s.End], Meta: d.Meta,
+				Text: d.Text[s.Start:s.End], Meta: meta,
 			})
 		}
 		rep.Documents++
@@ -259,6 +268,7 @@ func (ix *Index) applyLocked(c *change) {
 	for _, r := range c.Add {
 		p := r.Passage
 		p.terms = r.Terms
+		p.readDate()
 		if old := ix.passages[p.ID]; old != nil {
 			ix.removeLocked([]uint64{p.ID})
 		}

@@ -211,6 +211,32 @@ func (b *bm25Index) upperBound(ctx context.Context, query string, docs int) (flo
 	return search.BM25_k1 * math.Sqrt(sumSq), nil
 }
 
+// docFreqs counts the passages holding each analyzed term.
+func (b *bm25Index) docFreqs(ctx context.Context, terms []string) (map[string]int, error) {
+	ii, err := b.idx.Advanced()
+	if err != nil {
+		return nil, fmt.Errorf("bleve reader: %w", err)
+	}
+	r, err := ii.Reader()
+	if err != nil {
+		return nil, fmt.Errorf("bleve reader: %w", err)
+	}
+	defer r.Close()
+	df := make(map[string]int, len(terms))
+	for _, t := range terms {
+		if _, done := df[t]; done {
+			continue
+		}
+		tfr, err := r.TermFieldReader(ctx, []byte(t), textField, false, false, false)
+		if err != nil {
+			return nil, fmt.Errorf("bleve term %q: %w", t, err)
+		}
+		df[t] = int(tfr.Count())
+		tfr.Close()
+	}
+	return df, nil
+}
+
 func (b *bm25Index) count() (uint64, error) { return b.idx.DocCount() }
 
 func (b *bm25Index) close() error { return b.idx.Close() }

@@ -106,6 +106,17 @@ func exactSearch(vecs map[uint64][]float32, q []float32, n int) []scored {
 	return top
 }
 
+// exactSearchWhere is exactSearch among the vectors keep lets through.
+func exactSearchWhere(vecs map[uint64][]float32, q []float32, n int, keep func(uint64) bool) []scored {
+	var out []scored
+	for id, v := range vecs {
+		if keep(id) {
+			out = append(out, scored{id, float64(dot(q, v))})
+		}
+	}
+	return topScored(out, n)
+}
+
 // better orders by score, best first, then by id.
 func better(a, b scored) bool {
 	return a.score > b.score || a.score == b.score && a.id < b.id

@@ -341,6 +341,7 @@ func (ix *Index) load() error {
 	for id, p := range ix.passages {
 		ix.bySource[p.Source] = append(ix.bySource[p.Source], id)
 		ix.terms += int64(p.terms)
+		p.readDate()
 	}
 	if ix.files, err = readFiles(filepath.Join(dir, man.file(filesFile))); err != nil {
 		return corrupt(dir, "unreadable file list", err)

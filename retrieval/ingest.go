@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/dragon-rag/dragon/extract"
 )
 
 // Kind is the format of a source file.
@@ -24,6 +26,8 @@ const (
 	KindMarkdown
 	KindMail
 	KindMbox
+	KindHTML
+	KindDOCX
 )
 
 func (k Kind) String() string {
@@ -36,6 +40,10 @@ func (k Kind) String() string {
 		return "mail"
 	case KindMbox:
 		return "mbox"
+	case KindHTML:
+		return "html"
+	case KindDOCX:
+		return "docx"
 	}
 	return "unknown"
 }
@@ -52,6 +60,9 @@ type Document struct {
 	// UTF-8 text and Markdown, the decoded text body for mail.
 	Text string
 	Meta map[string]string // subject, from, date, message_id, title
+	// Pages holds, for a paged document, the byte offset in Text where
+	// each page starts; its passages carry the page they start on.
+	Pages []int
 }
 
 // FileError is a file (or mbox message) that could not be ingested.
@@ -62,7 +73,7 @@ type FileError struct {
 
 func (e FileError) Error() string { return e.Path + ": " + e.Err.Error() }
 
-// errUnsupported marks files that are not text, mail or mbox.
+// errUnsupported marks files of no format ingestion reads.
 var errUnsupported = errors.New("unsupported file type")
 
 // maxFileSize bounds what is read into memory as one text or mail file;
@@ -155,6 +166,12 @@ var headerLine = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*:[ \t]`)
 // detectKind picks a file's format from its name, then from its first
 // bytes.
 func detectKind(path string, head []byte) (Kind, error) {
+	switch extract.Detect(path, head) {
+	case extract.HTML:
+		return KindHTML, nil
+	case extract.DOCX:
+		return KindDOCX, nil
+	}
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".md", ".markdown", ".mdown", ".mkd":
 		return KindMarkdown, nil
@@ -261,9 +278,18 @@ func documentsFrom(source string, data []byte) (Kind, []Document, []FileError, e
 	return kind, docs, errs, err
 }
 
+// extractFormats are the kinds package extract reads.
+var extractFormats = map[Kind]extract.Format{KindHTML: extract.HTML, KindDOCX: extract.DOCX}
+
 // documentsOf reads a file of a known kind other than mbox.
 func documentsOf(source, path string, kind Kind, data []byte) ([]Document, []FileError, error) {
 	switch kind {
+	case KindHTML, KindDOCX:
+		d, err := extract.File(extractFormats[kind], data, extract.Limits{Expanded: maxFileSize})
+		if err != nil {
+			return nil, nil, err
+		}
+		return []Document{{Source: source, Path: path, Kind: kind, Text: d.Text, Meta: d.Meta, Pages: d.Pages}}, nil, nil
 	case KindMail:
 		m, err := parseMessage(data)
 		if err != nil {

@@ -233,7 +233,7 @@ func (ix *Index) prepare(key string, f PutFile) (DocInfo, *fileRecord, []*Passag
 	}
 	if err != nil {
 		if errors.Is(err, errUnsupported) {
-			err = fmt.Errorf("%w (this build reads text, Markdown, .eml and mbox files)", err)
+			err = fmt.Errorf("%w (this build reads text, Markdown, mail (.eml, mbox), HTML and DOCX files)", err)
 		}
 		if old != nil && old.Error == "" {
 			// The version indexed before stays.

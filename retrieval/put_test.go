@@ -1,7 +1,9 @@
 package retrieval
 
 import (
+	"archive/zip"
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -340,4 +342,51 @@ func TestPutAllIsOneChange(t *testing.T) {
 	assert.Empty(t, bm25Sources(t, ix, "number0"), "the later version replaced the earlier")
 	assert.Equal(t, []string{"n/137.txt"}, bm25Sources(t, ix, "number137"))
 	assert.Len(t, ix.Documents(), 200)
+}
+
+func TestPutHTMLAndDOCX(t *testing.T) {
+	ix, _, _ := newEmptyIndex(t)
+	defer ix.Close()
+	page := `<html><head><title>Tide tables</title><style>.x{color:red}</style></head><body>
+<nav>Home | Archive | Login</nav><article><p>High tide at Brancaster is at 06:12 on Saturday.</p></article>
+<script>trackVisitor()</script></body></html>`
+	d, err := ix.Put(t.Context(), "web/tides.html", []byte(page), nil)
+	require.NoError(t, err)
+	require.NotEqual(t, StatusFailed, d.Status, d.Error)
+	assert.Equal(t, "html", d.Kind)
+	assert.Equal(t, "Tide tables", d.Title)
+	assert.Equal(t, []string{"web/tides.html"}, bm25Sources(t, ix, "Brancaster tide"))
+	assert.Empty(t, bm25Sources(t, ix, "trackVisitor"), "scripts are not text")
+	assert.Empty(t, bm25Sources(t, ix, "Archive Login"), "nor navigation")
+	assert.Empty(t, bm25Sources(t, ix, "color red"), "nor styles")
+
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	w, err := zw.Create("word/document.xml")
+	require.NoError(t, err)
+	_, err = w.Write([]byte(`<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>` +
+		`<w:tbl><w:tr><w:tc><w:p><w:r><w:t>Ferry</w:t></w:r></w:p></w:tc><w:tc><w:p><w:r><w:t>Stromness 09:00</w:t></w:r></w:p></w:tc></w:tr></w:tbl>` +
+		`</w:body></w:document>`))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	d, err = ix.Put(t.Context(), "trip.docx", buf.Bytes(), nil)
+	require.NoError(t, err)
+	require.NotEqual(t, StatusFailed, d.Status, d.Error)
+	hits, err := ix.Search(t.Context(), "Stromness ferry", 1, ModeBM25)
+	require.NoError(t, err)
+	require.Len(t, hits, 1)
+	assert.Equal(t, "Ferry | Stromness 09:00", hits[0].Passage.Text, "a table row, cells joined")
+
+	bomb := bytes.Repeat([]byte{0}, 1<<20)
+	buf.Reset()
+	zw = zip.NewWriter(&buf)
+	w, err = zw.Create("word/document.xml")
+	require.NoError(t, err)
+	_, err = w.Write(bomb)
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	d, err = ix.Put(t.Context(), "bomb.docx", buf.Bytes(), nil)
+	require.NoError(t, err)
+	assert.Equal(t, StatusFailed, d.Status)
+	assert.Contains(t, d.Error, "expand")
 }

@@ -41,6 +41,31 @@ const hybridPool = 50
 
 // Search returns the k passages most relevant to query, best first.
 func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]Hit, error) {
+	return ix.search(ctx, query, k, mode, Filter{})
+}
+
+// SearchFilter is Search among the passages f lets through. Their scores
+// are the ones Search would give them: a filter narrows, it does not
+// re-rank.
+func (ix *Index) SearchFilter(ctx context.Context, query string, k int, mode Mode, f Filter) ([]Hit, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	return ix.search(ctx, query, k, mode, f)
+}
+
+var _ FilterSearcher = (*Index)(nil)
+
+// exactFilterMax is the most passages a filter may let through for BM25
+// to score each of them; past it, bleve's candidates are filtered from a
+// pool deepened in proportion to what the filter keeps out. A variable
+// for the tests of both ways.
+var exactFilterMax = 2048
+
+// maxFilterPool bounds that deepened pool.
+const maxFilterPool = 20000
+
+func (ix *Index) search(ctx context.Context, query string, k int, mode Mode, f Filter) ([]Hit, error) {
 	if k <= 0 {
 		return nil, fmt.Errorf("retrieval: search needs k > 0, got %d", k)
 	}
@@ -62,12 +87,34 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	if mode == ModeHybrid {
 		pool = max(4*k, hybridPool)
 	}
+	filtered := !f.IsZero()
+	var allowed map[uint64]bool
+	if filtered {
+		allowed = ix.allowed(f)
+		if len(allowed) == 0 {
+			return nil, nil
+		}
+	}
 
 	var lex []scored
 	var upper float64
-	if mode != ModeDense {
-		if lex, upper, err = ix.bm25.search(ctx, query, pool, stats); err != nil {
+	switch {
+	case mode == ModeDense:
+	case filtered && len(allowed) <= exactFilterMax:
+		if lex, upper, err = ix.scoreBM25(ctx, query, allowed, pool, stats); err != nil {
 			return nil, fmt.Errorf("search %s: %w", ix.dir, err)
+		}
+	default:
+		deep := pool
+		if filtered {
+			deep = min(max(pool, pool*stats.docs/len(allowed)), maxFilterPool)
+		}
+		if lex, upper, err = ix.bm25.search(ctx, query, deep, stats); err != nil {
+			return nil, fmt.Errorf("search %s: %w", ix.dir, err)
+		}
+		if filtered {
+			lex = slices.DeleteFunc(lex, func(s scored) bool { return !allowed[s.id] })
+			lex = lex[:min(len(lex), pool)]
 		}
 	}
 	var qv []float32
@@ -82,16 +129,28 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 	if ix.closed {
 		return nil, ErrClosed
 	}
-	live := func(id uint64) bool { return ix.passages[id] != nil }
+	live := func(id uint64) bool { return ix.passages[id] != nil && (!filtered || allowed[id]) }
 	// Bleve may briefly hold passages a concurrent writer is removing.
 	lex = slices.DeleteFunc(lex, func(s scored) bool { return !live(s.id) })
 	var sem []scored
 	switch {
 	case qv == nil:
+	case filtered && len(allowed) <= exactFilterMax:
+		vecs := make(map[uint64][]float32, len(allowed))
+		for id := range allowed {
+			if v := ix.vecs[id]; v != nil {
+				vecs[id] = v
+			}
+		}
+		sem = exactSearch(vecs, qv, pool)
 	case ix.graph == nil || !ix.needGraph(len(ix.vecs)):
 		// Also while a writer has yet to build or drop the graph that the
 		// new count calls for.
-		sem = exactSearch(ix.vecs, qv, pool)
+		if filtered {
+			sem = exactSearchWhere(ix.vecs, qv, pool, live)
+		} else {
+			sem = exactSearch(ix.vecs, qv, pool)
+		}
 	default:
 		dead := max(0, ix.graph.Len()-len(ix.vecs))
 		sem = graphSearch(ix.graph, qv, pool, dead, live)
@@ -101,6 +160,45 @@ func (ix *Index) Search(ctx context.Context, query string, k int, mode Mode) ([]
 		hits[i].Passage = *ix.passages[hits[i].Passage.ID]
 	}
 	return hits, nil
+}
+
+// allowed are the passages f lets through.
+func (ix *Index) allowed(f Filter) map[uint64]bool {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := map[uint64]bool{}
+	for id, p := range ix.passages {
+		if f.match(p) {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// scoreBM25 scores each of the allowed passages as bleve would (the
+// corpus's statistics, the passage's terms) and returns the best n.
+func (ix *Index) scoreBM25(ctx context.Context, query string, allowed map[uint64]bool, n int, st corpusStats) ([]scored, float64, error) {
+	terms := Terms(query)
+	df, err := ix.bm25.docFreqs(ctx, terms)
+	if err != nil {
+		return nil, 0, err
+	}
+	sc := NewLexicalScorer(terms, df, st.docs, st.terms)
+	ix.mu.RLock()
+	texts := make(map[uint64]string, len(allowed))
+	for id := range allowed {
+		if p := ix.passages[id]; p != nil {
+			texts[id] = p.Text
+		}
+	}
+	ix.mu.RUnlock()
+	var out []scored
+	for id, text := range texts {
+		if v := sc.Score(Terms(text)); v > 0 {
+			out = append(out, scored{id, v})
+		}
+	}
+	return topScored(out, n), sc.Upper(), nil
 }
 
 // isPendingLocked says whether a passage awaits its vector. Callers hold

@@ -114,6 +114,8 @@ type Passage struct {
 
 	// terms is the passage's length as BM25 counts it (analyzed terms).
 	terms int
+	// date is Meta["date"] read once, for filters (zero: none readable).
+	date time.Time
 }
 
 // passageRecord is a line of passages.jsonl: the passage and what only the

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/decoder"
@@ -55,9 +57,10 @@ func ModeName(m dragonv1.Mode) string {
 	return m.String()
 }
 
-// Retriever finds a side's passages for a query.
+// Retriever finds a side's passages for a query, among those f lets
+// through.
 type Retriever interface {
-	Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error)
+	Retrieve(ctx context.Context, query string, k int, f retrieval.Filter) ([]decoder.Passage, error)
 }
 
 // IndexRetriever retrieves from an index: a local retrieval.Index or a
@@ -68,11 +71,11 @@ type IndexRetriever struct {
 }
 
 // Retrieve implements Retriever.
-func (r IndexRetriever) Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error) {
+func (r IndexRetriever) Retrieve(ctx context.Context, query string, k int, f retrieval.Filter) ([]decoder.Passage, error) {
 	if k <= 0 || r.Index == nil {
 		return nil, nil
 	}
-	hits, err := r.Index.Search(ctx, query, k, r.Mode)
+	hits, err := retrieval.SearchWith(ctx, r.Index, query, k, r.Mode, f)
 	if err != nil {
 		return nil, err
 	}
@@ -111,11 +114,11 @@ func ParseClosedBook(s string) (float64, error) {
 }
 
 // Retrieve implements Retriever.
-func (c ClosedBook) Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error) {
+func (c ClosedBook) Retrieve(ctx context.Context, query string, k int, f retrieval.Filter) ([]decoder.Passage, error) {
 	if k <= 0 {
 		return nil, nil
 	}
-	ps, err := c.Inner.Retrieve(ctx, query, k)
+	ps, err := c.Inner.Retrieve(ctx, query, k, f)
 	if err != nil {
 		return nil, err
 	}
@@ -133,6 +136,15 @@ type Limits struct {
 type Request struct {
 	Query  string
 	System string
+	// Filter narrows this side's retrieval: on the device its own
+	// (GenerateRequest.filter), on the cloud the one the device sent
+	// (GenerateRequest.cloud_filter, in Begin).
+	Filter retrieval.Filter
+	// CloudFilter is, on the device, the filter to send the cloud.
+	CloudFilter *dragonv1.RetrievalFilter
+	// ownFilter is the device's filter as the app sent it, which only the
+	// leak control build sends on.
+	ownFilter *dragonv1.RetrievalFilter
 	// History is the conversation before Query (user and assistant turns,
 	// oldest first).
 	History   []engine.Message
@@ -265,6 +277,9 @@ func ParseBegin(b *dragonv1.Begin, lim Limits, def Defaults) (Request, error) {
 	if err := checkSystem(r.System, lim); err != nil {
 		return r, err
 	}
+	if r.Filter, err = ParseFilter(b.GetFilter(), "filter"); err != nil {
+		return r, err
+	}
 	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		r.Mode = dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION
 	}
@@ -337,6 +352,13 @@ func ParseGenerate(g *dragonv1.GenerateRequest, lim Limits, def Defaults) (Reque
 	if err := checkSystem(r.System, lim); err != nil {
 		return r, err
 	}
+	if r.Filter, err = ParseFilter(g.GetFilter(), "filter"); err != nil {
+		return r, err
+	}
+	if _, err = ParseFilter(g.GetCloudFilter(), "cloud_filter"); err != nil {
+		return r, err
+	}
+	r.CloudFilter, r.ownFilter = g.GetCloudFilter(), g.GetFilter()
 	if r.Mode == dragonv1.Mode_MODE_UNSPECIFIED {
 		r.Mode = def.Mode
 	}
@@ -384,6 +406,62 @@ func checkSystem(s string, lim Limits) error {
 		return wire.InvalidArgument("system", fmt.Sprintf("%d bytes, more than the limit of %d", len(s), lim.MaxPrompt))
 	}
 	return nil
+}
+
+// MaxFilterBytes bounds a filter's strings.
+const MaxFilterBytes = 1024
+
+// ParseFilter reads a retrieval filter from the wire (nil: none); field
+// names the request's field in errors.
+func ParseFilter(f *dragonv1.RetrievalFilter, field string) (retrieval.Filter, error) {
+	var out retrieval.Filter
+	if f == nil {
+		return out, nil
+	}
+	if len(f.GetSourcePrefix()) > MaxFilterBytes || len(f.GetFrom()) > MaxFilterBytes {
+		return out, wire.InvalidArgument(field, fmt.Sprintf("a filter string over %d bytes", MaxFilterBytes))
+	}
+	out.SourcePrefix, out.From = f.GetSourcePrefix(), f.GetFrom()
+	for name, ts := range map[string]*timestamppb.Timestamp{"after": f.GetAfter(), "before": f.GetBefore()} {
+		if ts == nil {
+			continue
+		}
+		if err := ts.CheckValid(); err != nil {
+			return out, wire.InvalidArgument(field+"."+name, err.Error())
+		}
+		if name == "after" {
+			out.After = ts.AsTime()
+		} else {
+			out.Before = ts.AsTime()
+		}
+	}
+	if err := out.Validate(); err != nil {
+		return out, wire.InvalidArgument(field, err.Error())
+	}
+	return out, nil
+}
+
+// retrievalTurns is how many of a conversation's earlier user turns join
+// its last message in the retrieval query.
+const retrievalTurns = 2
+
+// RetrievalQuery is what a side retrieves with for a request: its last
+// message and, in a conversation, the user's turns before it (up to
+// retrievalTurns), so that a follow-up ("and what did he say about the
+// price?") finds what the conversation is about. Answers are left out:
+// they are the model's words, not the user's.
+func RetrievalQuery(r Request) string {
+	var turns []string
+	for i := len(r.History) - 1; i >= 0 && len(turns) < retrievalTurns; i-- {
+		if m := r.History[i]; m.Role == engine.RoleUser {
+			turns = append(turns, m.Content)
+		}
+	}
+	if len(turns) == 0 {
+		return r.Query
+	}
+	slices.Reverse(turns)
+	return strings.Join(append(turns, r.Query), "\n")
 }
 
 // parseHistory reads a conversation's earlier turns. An answer may be empty
@@ -513,7 +591,7 @@ func (r Request) Options(self aggregator.Side, id uint64) Options {
 // Begin is the wire form of the request, for the cloud.
 func (r Request) Begin(id uint64) *dragonv1.Begin {
 	stop := r.Stop
-	return &dragonv1.Begin{
+	b := &dragonv1.Begin{
 		SessionId: id, Query: r.Query, System: r.System, History: historyToProto(r.History), Mode: r.Mode,
 		Sampling: &dragonv1.SamplingParams{
 			Temperature: float32(r.Sampling.Temperature), TopK: uint32(r.Sampling.TopK), TopP: float32(r.Sampling.TopP),
@@ -524,5 +602,11 @@ func (r Request) Begin(id uint64) *dragonv1.Begin {
 		CodecTopP: float32(r.CodecTopP), Aggregator: toSide(r.Aggregator), Strategy: StrategyToProto(r.Strategy),
 		SwitchEvery: uint32(r.SwitchEvery), BlindDrafts: r.BlindDrafts, ConfidenceTemperature: float32(r.Confidence), Sources: r.Sources,
 		MaxHedges: uint32(r.Hedges), HedgeDepth: uint32(r.HedgeDepth), PosteriorEvery: proto.Uint32(uint32(r.PosteriorEvery)),
+		// The cloud's filter only: the device's own stays here.
+		Filter: r.CloudFilter,
 	}
+	if leakSources && r.ownFilter != nil {
+		b.Filter = r.ownFilter
+	}
+	return b
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
 )
 
 // The limits and defaults the request tests parse under.
@@ -240,13 +241,13 @@ func TestHistoryRefused(t *testing.T) {
 // fixedRetriever returns its passages, at most k of them.
 type fixedRetriever []decoder.Passage
 
-func (f fixedRetriever) Retrieve(_ context.Context, _ string, k int) ([]decoder.Passage, error) {
+func (f fixedRetriever) Retrieve(_ context.Context, _ string, k int, _ retrieval.Filter) ([]decoder.Passage, error) {
 	return slices.Clone(f[:min(k, len(f))]), nil
 }
 
 type failingRetriever struct{}
 
-func (failingRetriever) Retrieve(context.Context, string, int) ([]decoder.Passage, error) {
+func (failingRetriever) Retrieve(context.Context, string, int, retrieval.Filter) ([]decoder.Passage, error) {
 	return nil, errors.New("index down")
 }
 
@@ -266,12 +267,12 @@ func TestClosedBookJoinsEveryRetrieval(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := ClosedBook{Inner: c.inner, Score: 0.5}.Retrieve(context.Background(), "q", c.k)
+			got, err := ClosedBook{Inner: c.inner, Score: 0.5}.Retrieve(context.Background(), "q", c.k, retrieval.Filter{})
 			require.NoError(t, err)
 			assert.Equal(t, c.want, got)
 		})
 	}
-	_, err := ClosedBook{Inner: failingRetriever{}, Score: 0.5}.Retrieve(context.Background(), "q", 2)
+	_, err := ClosedBook{Inner: failingRetriever{}, Score: 0.5}.Retrieve(context.Background(), "q", 2, retrieval.Filter{})
 	assert.ErrorContains(t, err, "index down", "a failed retrieval is not papered over by the closed book")
 }
 

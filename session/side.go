@@ -45,11 +45,12 @@ func (c *SideConfig) Open(side aggregator.Side) (*decoder.Decoder, *dragonv1.Hel
 	return dec, NewHello(c.Model.Info(), side, c.Fit), nil
 }
 
-// Retrieve is this side's top-k passages for query (none without a
-// retriever).
-func (c *SideConfig) Retrieve(ctx context.Context, query string, k int) ([]decoder.Passage, error) {
+// Retrieve is this side's top-k passages for a request (none without a
+// retriever): for its conversation's retrieval query (RetrievalQuery),
+// among the passages its filter for this side lets through.
+func (c *SideConfig) Retrieve(ctx context.Context, req Request, k int) ([]decoder.Passage, error) {
 	if c.Retriever == nil {
 		return nil, nil
 	}
-	return c.Retriever.Retrieve(ctx, query, k)
+	return c.Retriever.Retrieve(ctx, RetrievalQuery(req), k, req.Filter)
 }

@@ -20,7 +20,7 @@ import (
 // ProtocolVersion is the dragon.v1 peer protocol revision this build
 // speaks. Bump it on any change a peer built from older code would
 // misread.
-const ProtocolVersion = 5
+const ProtocolVersion = 6
 
 // NewHello is the Hello a side sends for its loaded model.
 func NewHello(info engine.ModelInfo, side dragonv1.Side) *dragonv1.Hello {

@@ -7,11 +7,13 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/device"
@@ -30,6 +32,7 @@ type remoteAsk struct {
 	asJSON, noSources                            bool
 	posteriorEvery                               int
 	stop                                         []string
+	filter, cloudFilter                          map[string]string
 	grpc                                         wire.Config
 	// From the shared ask flags.
 	sampling     sampling.Params
@@ -53,7 +56,40 @@ func (r *remoteAsk) register(cmd *cobra.Command) {
 	f.BoolVar(&r.asJSON, "json", false, "with --device: print the answer's summary and sources as one JSON object on stdout (the answer streams to stderr)")
 	f.BoolVar(&r.noSources, "no-sources", false, "with --device: leave the answer's sources out (the sides then keep no evidence of it)")
 	f.IntVar(&r.posteriorEvery, "posterior-every", -1, "with --device: posterior weights every this many answer tokens (0: off; default the daemon's)")
+	f.StringToStringVar(&r.filter, "filter", nil, "with --device: narrow the device's retrieval: source=PREFIX,from=TEXT,after=DAY,before=DAY (it stays on the device)")
+	f.StringToStringVar(&r.cloudFilter, "cloud-filter", nil, "with --device: narrow the cloud's retrieval, as --filter")
 	r.grpc.RegisterFlags(f, "device-")
+}
+
+// filterFlag reads --filter's keys into a RetrievalFilter.
+func filterFlag(name string, kv map[string]string) (*dragonv1.RetrievalFilter, error) {
+	if len(kv) == 0 {
+		return nil, nil
+	}
+	f := &dragonv1.RetrievalFilter{}
+	for k, v := range kv {
+		switch k {
+		case "source":
+			f.SourcePrefix = v
+		case "from":
+			f.From = v
+		case "after", "before":
+			t, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				if t, err = time.Parse("2006-01-02", v); err != nil {
+					return nil, fmt.Errorf("--%s %s=%q: want a day (2006-01-02) or an RFC 3339 time", name, k, v)
+				}
+			}
+			if k == "after" {
+				f.After = timestamppb.New(t)
+			} else {
+				f.Before = timestamppb.New(t)
+			}
+		default:
+			return nil, fmt.Errorf("--%s: unknown key %q (source, from, after, before)", name, k)
+		}
+	}
+	return f, nil
 }
 
 // askSummary is what --json prints: the answer, the device's summary of
@@ -78,6 +114,13 @@ func (r *remoteAsk) request(question string) (*dragonv1.GenerateRequest, error) 
 	}
 	if r.posteriorEvery >= 0 {
 		req.PosteriorEvery = proto.Uint32(uint32(r.posteriorEvery))
+	}
+	var err error
+	if req.Filter, err = filterFlag("filter", r.filter); err != nil {
+		return nil, err
+	}
+	if req.CloudFilter, err = filterFlag("cloud-filter", r.cloudFilter); err != nil {
+		return nil, err
 	}
 	if r.mode != "" {
 		m, err := parseModeName(r.mode)

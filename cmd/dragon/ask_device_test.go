@@ -259,3 +259,19 @@ func TestSummaryLine(t *testing.T) {
 		})
 	}
 }
+
+func TestFilterFlag(t *testing.T) {
+	f, err := filterFlag("filter", map[string]string{"source": "mail/", "from": "ann", "after": "2002-01-01", "before": "2002-06-01T12:00:00Z"})
+	require.NoError(t, err)
+	assert.Equal(t, "mail/", f.GetSourcePrefix())
+	assert.Equal(t, "ann", f.GetFrom())
+	assert.Equal(t, "2002-01-01T00:00:00Z", f.GetAfter().AsTime().Format(time.RFC3339))
+	assert.Equal(t, "2002-06-01T12:00:00Z", f.GetBefore().AsTime().Format(time.RFC3339))
+	f, err = filterFlag("filter", nil)
+	require.NoError(t, err)
+	assert.Nil(t, f)
+	_, err = filterFlag("cloud-filter", map[string]string{"subject": "x"})
+	assert.ErrorContains(t, err, `--cloud-filter: unknown key "subject"`)
+	_, err = filterFlag("filter", map[string]string{"after": "yesterday"})
+	assert.ErrorContains(t, err, "want a day")
+}

@@ -139,7 +139,7 @@ Needs make model, make corpus, make index and make profile first.`,
 						Threads: 1, CloudCores: "0", ClientCores: "1", Log: logf,
 						// The replay's prompts, as bench load makes them.
 						Prompts: func(ctx context.Context, q string) ([][]engine.Token, error) {
-							ps, err := r.Retrieve(ctx, q, passages)
+							ps, err := r.Retrieve(ctx, q, passages, retrieval.Filter{})
 							if err != nil {
 								return nil, err
 							}

@@ -75,7 +75,7 @@ Needs make model and make index first.`,
 			r := session.IndexRetriever{Index: ix, Mode: retrieval.ModeAuto}
 			o.Engine = m
 			o.Prompts = func(ctx context.Context, q string) ([][]engine.Token, error) {
-				ps, err := r.Retrieve(ctx, q, o.Passages)
+				ps, err := r.Retrieve(ctx, q, o.Passages, retrieval.Filter{})
 				if err != nil {
 					return nil, err
 				}

@@ -86,11 +86,13 @@ const gateMail = "From: Ann Halvorsen <ann@halvorsen.example>\r\nSubject: Halvor
 	"Date: Mon, 7 Dec 2026 09:00:00 +0000\r\n\r\nThe gate code of the Halvorsen cabin is 4417; the key is under the blue flowerpot.\r\n"
 
 // TestDocumentAPIEndToEnd: both daemons as processes. Documents added to
-// the running device over HTTP are retrieved at once; a deleted one is
+// the running device over HTTP (a mail, Markdown, an HTML page) are
+// retrieved at once; a deleted one is
 // not; one acknowledged just before a kill -9 is there after the restart;
-// questions are answered while files are being added; and the link to the
-// cloud carries nothing of the documents (the dragon_leak_sources build's
-// device sends its sources, which the tap must then find).
+// questions are answered while files are being added; a filter narrows
+// each side's retrieval; and the link to the cloud carries nothing of the
+// documents nor the device's filter (the dragon_leak_sources build's
+// device sends its sources and its filter, which the tap must then find).
 func TestDocumentAPIEndToEnd(t *testing.T) {
 	model := testmodel.Path(t)
 	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
@@ -110,13 +112,40 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 
 	docs := uploadFiles(t, dev.HTTPAddr(),
 		[2]string{"mail/gate.eml", gateMail},
-		[2]string{"notes/quokka.md", "# Quokka trip\n\nOn Rottnest Island the quokkas followed us to the lighthouse at Wadjemup."})
-	require.Len(t, docs, 2)
+		[2]string{"notes/quokka.md", "# Quokka trip\n\nOn Rottnest Island the quokkas followed us to the lighthouse at Wadjemup."},
+		[2]string{"web/ferry.html", `<html><head><title>Orkney ferry times</title><script>track()</script></head><body><nav>Home</nav>` +
+			`<main><p>The Stromness ferry to Scrabster leaves at 09:00 from pier four.</p></main></body></html>`})
+	require.Len(t, docs, 3)
+	assert.Equal(t, "Orkney ferry times", docs[2]["title"])
 	for _, d := range docs {
 		assert.Equal(t, "indexed", d["status"], "%v", d)
 	}
 	assert.Contains(t, deviceSources(t, client, "What is the gate code of the Halvorsen cabin?"), "mail/gate.eml", "retrieved once acknowledged")
 	assert.Contains(t, deviceSources(t, client, "Where did the quokkas follow us on Rottnest Island?"), "notes/quokka.md")
+	assert.Contains(t, deviceSources(t, client, "When does the Stromness ferry to Scrabster leave?"), "web/ferry.html")
+
+	// A filter narrows the device's retrieval and stays on the device; the
+	// cloud's narrows the cloud's.
+	q := "What is the gate code of the Halvorsen cabin?"
+	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	require.NoError(t, err)
+	var cloudSource string
+	for _, s := range a.Summary.GetSources() {
+		if s.GetSide() == dragonv1.Side_SIDE_CLOUD && cloudSource == "" {
+			cloudSource = s.GetSource()
+		}
+	}
+	require.NotEmpty(t, cloudSource)
+	a, err = ask(t, client, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 4},
+		Filter: &dragonv1.RetrievalFilter{From: "ann halvorsen"}, CloudFilter: &dragonv1.RetrievalFilter{SourcePrefix: cloudSource}})
+	require.NoError(t, err)
+	for _, s := range a.Summary.GetSources() {
+		want := "mail/gate.eml"
+		if s.GetSide() == dragonv1.Side_SIDE_CLOUD {
+			want = cloudSource
+		}
+		assert.Equal(t, want, s.GetSource(), "%v", s.GetSide())
+	}
 
 	// Deleted: no longer retrieved.
 	code, out := httpDo(t, "DELETE", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[1]["id"].(string))
@@ -136,14 +165,14 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 			}
 		})
 	}
-	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "What is the gate code of the Halvorsen cabin?", Sampling: &dragonv1.SamplingParams{MaxTokens: 12}})
+	a, err = ask(t, client, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 12}})
 	require.NoError(t, err, "answered during ingestion")
 	assert.NotEmpty(t, a.Tokens)
 	wg.Wait()
 
 	// Everything of the documents stays off the link (checked before the
 	// restart, while the tap holds one connection it can parse).
-	secrets := []string{"mail/gate.eml", "Halvorsen cabin gate code", "ann@halvorsen.example", "flowerpot", "notes/quokka.md", "Quokka trip", "Wadjemup", "bulk/"}
+	secrets := []string{"mail/gate.eml", "Halvorsen cabin gate code", "ann@halvorsen.example", "flowerpot", "notes/quokka.md", "Quokka trip", "Wadjemup", "bulk/", "ann halvorsen", "web/ferry.html", "Orkney ferry times", "pier four"}
 	up, rawUp := link.messages(t, true)
 	var leaked []string
 	for _, s := range secrets {
@@ -152,7 +181,8 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 		}
 	}
 	if session.LeaksSources() {
-		assert.NotEmpty(t, leaked, "the control build sends the device's sources: the tap must find them")
+		assert.Contains(t, leaked, "mail/gate.eml", "the control build sends the device's sources: the tap must find them")
+		assert.Contains(t, leaked, "ann halvorsen", "and its filter")
 	} else {
 		assert.Empty(t, leaked, "nothing of the device's documents crosses the link")
 	}

@@ -135,8 +135,13 @@ type GenerateRequest struct {
 	// 0 turns them off; absent, the daemon's default (--posterior-every).
 	// Not with hedged drafts, which decode under their fork's weights.
 	PosteriorEvery *uint32 `protobuf:"varint,18,opt,name=posterior_every,json=posteriorEvery,proto3,oneof" json:"posterior_every,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Narrows the device's retrieval by its passages' metadata; it stays
+	// on the device.
+	Filter *RetrievalFilter `protobuf:"bytes,19,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Narrows the cloud's retrieval; sent to the cloud.
+	CloudFilter   *RetrievalFilter `protobuf:"bytes,20,opt,name=cloud_filter,json=cloudFilter,proto3" json:"cloud_filter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -293,6 +298,20 @@ func (x *GenerateRequest) GetPosteriorEvery() uint32 {
 		return *x.PosteriorEvery
 	}
 	return 0
+}
+
+func (x *GenerateRequest) GetFilter() *RetrievalFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetCloudFilter() *RetrievalFilter {
+	if x != nil {
+		return x.CloudFilter
+	}
+	return nil
 }
 
 // GenerateResponse is a chunk of the answer or, last, the summary.
@@ -1237,7 +1256,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xe3\x05\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd6\x06\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1261,7 +1280,9 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
 	"hedgeDepth\x12!\n" +
 	"\fomit_sources\x18\x11 \x01(\bR\vomitSources\x12,\n" +
-	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01B\x12\n" +
+	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01\x122\n" +
+	"\x06filter\x18\x13 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\x06filter\x12=\n" +
+	"\fcloud_filter\x18\x14 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\vcloudFilterB\x12\n" +
 	"\x10_posterior_every\"\x81\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
@@ -1390,8 +1411,9 @@ var file_dragon_v1_device_proto_goTypes = []any{
 	(Strategy)(0),               // 12: dragon.v1.Strategy
 	(Side)(0),                   // 13: dragon.v1.Side
 	(*ChatTurn)(nil),            // 14: dragon.v1.ChatTurn
-	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
-	(*Source)(nil),              // 16: dragon.v1.Source
+	(*RetrievalFilter)(nil),     // 15: dragon.v1.RetrievalFilter
+	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
+	(*Source)(nil),              // 17: dragon.v1.Source
 }
 var file_dragon_v1_device_proto_depIdxs = []int32{
 	10, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
@@ -1399,32 +1421,34 @@ var file_dragon_v1_device_proto_depIdxs = []int32{
 	12, // 2: dragon.v1.GenerateRequest.strategy:type_name -> dragon.v1.Strategy
 	13, // 3: dragon.v1.GenerateRequest.aggregator:type_name -> dragon.v1.Side
 	14, // 4: dragon.v1.GenerateRequest.history:type_name -> dragon.v1.ChatTurn
-	3,  // 5: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
-	4,  // 6: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
-	0,  // 7: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
-	11, // 8: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
-	15, // 9: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
-	15, // 10: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
-	15, // 11: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
-	15, // 12: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
-	15, // 13: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
-	5,  // 14: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
-	16, // 15: dragon.v1.GenerateSummary.sources:type_name -> dragon.v1.Source
-	15, // 16: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	15, // 17: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
-	15, // 18: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
-	15, // 19: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
-	1,  // 20: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
-	6,  // 21: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
-	8,  // 22: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
-	2,  // 23: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
-	7,  // 24: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
-	9,  // 25: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
-	23, // [23:26] is the sub-list for method output_type
-	20, // [20:23] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	15, // 5: dragon.v1.GenerateRequest.filter:type_name -> dragon.v1.RetrievalFilter
+	15, // 6: dragon.v1.GenerateRequest.cloud_filter:type_name -> dragon.v1.RetrievalFilter
+	3,  // 7: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
+	4,  // 8: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
+	0,  // 9: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
+	11, // 10: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
+	16, // 11: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
+	16, // 12: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
+	16, // 13: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
+	16, // 14: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
+	16, // 15: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
+	5,  // 16: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
+	17, // 17: dragon.v1.GenerateSummary.sources:type_name -> dragon.v1.Source
+	16, // 18: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	16, // 19: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
+	16, // 20: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
+	16, // 21: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
+	1,  // 22: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
+	6,  // 23: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
+	8,  // 24: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
+	2,  // 25: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
+	7,  // 26: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
+	9,  // 27: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
+	25, // [25:28] is the sub-list for method output_type
+	22, // [22:25] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_device_proto_init() }

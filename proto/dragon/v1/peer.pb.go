@@ -13,6 +13,7 @@ package dragonv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -871,8 +872,11 @@ type Begin struct {
 	// its own default when the app did not ask); absent, the cloud's
 	// default holds.
 	PosteriorEvery *uint32 `protobuf:"varint,18,opt,name=posterior_every,json=posteriorEvery,proto3,oneof" json:"posterior_every,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Narrows the cloud's retrieval (GenerateRequest.cloud_filter). The
+	// device's own filter never crosses.
+	Filter        *RetrievalFilter `protobuf:"bytes,19,opt,name=filter,proto3" json:"filter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Begin) Reset() {
@@ -1031,6 +1035,87 @@ func (x *Begin) GetPosteriorEvery() uint32 {
 	return 0
 }
 
+func (x *Begin) GetFilter() *RetrievalFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+// RetrievalFilter narrows a side's retrieval to passages whose metadata
+// match every field set.
+type RetrievalFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The passage's source starts with it (a folder, a file, "mail/").
+	SourcePrefix string `protobuf:"bytes,1,opt,name=source_prefix,json=sourcePrefix,proto3" json:"source_prefix,omitempty"`
+	// The passage's "from" metadata contains it, case-insensitively.
+	From string `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	// The passage's "date" metadata is at or after it.
+	After *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=after,proto3" json:"after,omitempty"`
+	// The passage's "date" metadata is before it.
+	Before        *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=before,proto3" json:"before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetrievalFilter) Reset() {
+	*x = RetrievalFilter{}
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetrievalFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetrievalFilter) ProtoMessage() {}
+
+func (x *RetrievalFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetrievalFilter.ProtoReflect.Descriptor instead.
+func (*RetrievalFilter) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RetrievalFilter) GetSourcePrefix() string {
+	if x != nil {
+		return x.SourcePrefix
+	}
+	return ""
+}
+
+func (x *RetrievalFilter) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RetrievalFilter) GetAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *RetrievalFilter) GetBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Before
+	}
+	return nil
+}
+
 // ChatTurn is one earlier turn of a conversation.
 type ChatTurn struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1042,7 +1127,7 @@ type ChatTurn struct {
 
 func (x *ChatTurn) Reset() {
 	*x = ChatTurn{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1139,7 @@ func (x *ChatTurn) String() string {
 func (*ChatTurn) ProtoMessage() {}
 
 func (x *ChatTurn) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[5]
+	mi := &file_dragon_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1152,7 @@ func (x *ChatTurn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatTurn.ProtoReflect.Descriptor instead.
 func (*ChatTurn) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ChatTurn) GetRole() ChatRole {
@@ -1099,7 +1184,7 @@ type Drafts struct {
 
 func (x *Drafts) Reset() {
 	*x = Drafts{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1111,7 +1196,7 @@ func (x *Drafts) String() string {
 func (*Drafts) ProtoMessage() {}
 
 func (x *Drafts) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[6]
+	mi := &file_dragon_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1124,7 +1209,7 @@ func (x *Drafts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drafts.ProtoReflect.Descriptor instead.
 func (*Drafts) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Drafts) GetSessionId() uint64 {
@@ -1193,7 +1278,7 @@ type Draft struct {
 
 func (x *Draft) Reset() {
 	*x = Draft{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1290,7 @@ func (x *Draft) String() string {
 func (*Draft) ProtoMessage() {}
 
 func (x *Draft) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[7]
+	mi := &file_dragon_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1303,7 @@ func (x *Draft) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Draft.ProtoReflect.Descriptor instead.
 func (*Draft) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Draft) GetStep() uint64 {
@@ -1309,7 +1394,7 @@ type Verdicts struct {
 
 func (x *Verdicts) Reset() {
 	*x = Verdicts{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1406,7 @@ func (x *Verdicts) String() string {
 func (*Verdicts) ProtoMessage() {}
 
 func (x *Verdicts) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[8]
+	mi := &file_dragon_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1419,7 @@ func (x *Verdicts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdicts.ProtoReflect.Descriptor instead.
 func (*Verdicts) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Verdicts) GetSessionId() uint64 {
@@ -1384,7 +1469,7 @@ type Verdict struct {
 
 func (x *Verdict) Reset() {
 	*x = Verdict{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1481,7 @@ func (x *Verdict) String() string {
 func (*Verdict) ProtoMessage() {}
 
 func (x *Verdict) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[9]
+	mi := &file_dragon_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1494,7 @@ func (x *Verdict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verdict.ProtoReflect.Descriptor instead.
 func (*Verdict) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Verdict) GetStep() uint64 {
@@ -1530,7 +1615,7 @@ type Handover struct {
 
 func (x *Handover) Reset() {
 	*x = Handover{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1542,7 +1627,7 @@ func (x *Handover) String() string {
 func (*Handover) ProtoMessage() {}
 
 func (x *Handover) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[10]
+	mi := &file_dragon_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1555,7 +1640,7 @@ func (x *Handover) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Handover.ProtoReflect.Descriptor instead.
 func (*Handover) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Handover) GetSessionId() uint64 {
@@ -1608,7 +1693,7 @@ type Ping struct {
 
 func (x *Ping) Reset() {
 	*x = Ping{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[11]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1705,7 @@ func (x *Ping) String() string {
 func (*Ping) ProtoMessage() {}
 
 func (x *Ping) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[11]
+	mi := &file_dragon_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1718,7 @@ func (x *Ping) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ping.ProtoReflect.Descriptor instead.
 func (*Ping) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Ping) GetSeq() uint64 {
@@ -1671,7 +1756,7 @@ type Pong struct {
 
 func (x *Pong) Reset() {
 	*x = Pong{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[12]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1683,7 +1768,7 @@ func (x *Pong) String() string {
 func (*Pong) ProtoMessage() {}
 
 func (x *Pong) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[12]
+	mi := &file_dragon_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1696,7 +1781,7 @@ func (x *Pong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pong.ProtoReflect.Descriptor instead.
 func (*Pong) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Pong) GetSeq() uint64 {
@@ -1738,7 +1823,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[13]
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +1835,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[13]
+	mi := &file_dragon_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +1848,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Cancel) GetSessionId() uint64 {
@@ -1799,7 +1884,7 @@ type Sources struct {
 
 func (x *Sources) Reset() {
 	*x = Sources{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1811,7 +1896,7 @@ func (x *Sources) String() string {
 func (*Sources) ProtoMessage() {}
 
 func (x *Sources) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[14]
+	mi := &file_dragon_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1824,7 +1909,7 @@ func (x *Sources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sources.ProtoReflect.Descriptor instead.
 func (*Sources) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{14}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Sources) GetSessionId() uint64 {
@@ -1884,7 +1969,7 @@ type Source struct {
 
 func (x *Source) Reset() {
 	*x = Source{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +1981,7 @@ func (x *Source) String() string {
 func (*Source) ProtoMessage() {}
 
 func (x *Source) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[15]
+	mi := &file_dragon_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +1994,7 @@ func (x *Source) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Source.ProtoReflect.Descriptor instead.
 func (*Source) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{15}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Source) GetSide() Side {
@@ -2030,7 +2115,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2127,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[16]
+	mi := &file_dragon_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2140,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{16}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Error) GetSessionId() uint64 {
@@ -2090,7 +2175,7 @@ type Passages struct {
 
 func (x *Passages) Reset() {
 	*x = Passages{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2102,7 +2187,7 @@ func (x *Passages) String() string {
 func (*Passages) ProtoMessage() {}
 
 func (x *Passages) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[17]
+	mi := &file_dragon_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2115,7 +2200,7 @@ func (x *Passages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passages.ProtoReflect.Descriptor instead.
 func (*Passages) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{17}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Passages) GetSessionId() uint64 {
@@ -2145,7 +2230,7 @@ type Passage struct {
 
 func (x *Passage) Reset() {
 	*x = Passage{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2242,7 @@ func (x *Passage) String() string {
 func (*Passage) ProtoMessage() {}
 
 func (x *Passage) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[18]
+	mi := &file_dragon_v1_peer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2255,7 @@ func (x *Passage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Passage.ProtoReflect.Descriptor instead.
 func (*Passage) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{18}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Passage) GetText() string {
@@ -2208,7 +2293,7 @@ type Candidate struct {
 
 func (x *Candidate) Reset() {
 	*x = Candidate{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +2305,7 @@ func (x *Candidate) String() string {
 func (*Candidate) ProtoMessage() {}
 
 func (x *Candidate) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[19]
+	mi := &file_dragon_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +2318,7 @@ func (x *Candidate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Candidate.ProtoReflect.Descriptor instead.
 func (*Candidate) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{19}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Candidate) GetSessionId() uint64 {
@@ -2278,7 +2363,7 @@ type CandidateScores struct {
 
 func (x *CandidateScores) Reset() {
 	*x = CandidateScores{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[20]
+	mi := &file_dragon_v1_peer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2290,7 +2375,7 @@ func (x *CandidateScores) String() string {
 func (*CandidateScores) ProtoMessage() {}
 
 func (x *CandidateScores) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[20]
+	mi := &file_dragon_v1_peer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2303,7 +2388,7 @@ func (x *CandidateScores) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CandidateScores.ProtoReflect.Descriptor instead.
 func (*CandidateScores) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{20}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CandidateScores) GetSessionId() uint64 {
@@ -2344,7 +2429,7 @@ type Tokens struct {
 
 func (x *Tokens) Reset() {
 	*x = Tokens{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[21]
+	mi := &file_dragon_v1_peer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2441,7 @@ func (x *Tokens) String() string {
 func (*Tokens) ProtoMessage() {}
 
 func (x *Tokens) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[21]
+	mi := &file_dragon_v1_peer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2454,7 @@ func (x *Tokens) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tokens.ProtoReflect.Descriptor instead.
 func (*Tokens) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{21}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Tokens) GetSessionId() uint64 {
@@ -2428,7 +2513,7 @@ type KVChunk struct {
 
 func (x *KVChunk) Reset() {
 	*x = KVChunk{}
-	mi := &file_dragon_v1_peer_proto_msgTypes[22]
+	mi := &file_dragon_v1_peer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2525,7 @@ func (x *KVChunk) String() string {
 func (*KVChunk) ProtoMessage() {}
 
 func (x *KVChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_peer_proto_msgTypes[22]
+	mi := &file_dragon_v1_peer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2538,7 @@ func (x *KVChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVChunk.ProtoReflect.Descriptor instead.
 func (*KVChunk) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{22}
+	return file_dragon_v1_peer_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KVChunk) GetSessionId() uint64 {
@@ -2509,7 +2594,7 @@ var File_dragon_v1_peer_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x14dragon/v1/peer.proto\x12\tdragon.v1\"\xc3\x05\n" +
+	"\x14dragon/v1/peer.proto\x12\tdragon.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x05\n" +
 	"\vPeerMessage\x12(\n" +
 	"\x05hello\x18\x01 \x01(\v2\x10.dragon.v1.HelloH\x00R\x05hello\x12(\n" +
 	"\x05begin\x18\x02 \x01(\v2\x10.dragon.v1.BeginH\x00R\x05begin\x12+\n" +
@@ -2551,7 +2636,7 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\x04seed\x18\x06 \x01(\x04R\x04seed\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\a \x01(\rR\tmaxTokens\x12\x12\n" +
-	"\x04stop\x18\b \x03(\tR\x04stop\"\xca\x05\n" +
+	"\x04stop\x18\b \x03(\tR\x04stop\"\xfe\x05\n" +
 	"\x05Begin\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\x04R\tsessionId\x12\x14\n" +
@@ -2576,8 +2661,14 @@ const file_dragon_v1_peer_proto_rawDesc = "" +
 	"\vhedge_depth\x18\x10 \x01(\rR\n" +
 	"hedgeDepth\x12\x18\n" +
 	"\asources\x18\x11 \x01(\bR\asources\x12,\n" +
-	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01B\x12\n" +
-	"\x10_posterior_every\"M\n" +
+	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01\x122\n" +
+	"\x06filter\x18\x13 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\x06filterB\x12\n" +
+	"\x10_posterior_every\"\xb0\x01\n" +
+	"\x0fRetrievalFilter\x12#\n" +
+	"\rsource_prefix\x18\x01 \x01(\tR\fsourcePrefix\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x120\n" +
+	"\x05after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05after\x122\n" +
+	"\x06before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x06before\"M\n" +
 	"\bChatTurn\x12'\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x13.dragon.v1.ChatRoleR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\"~\n" +
@@ -2750,77 +2841,82 @@ func file_dragon_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_dragon_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_dragon_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_dragon_v1_peer_proto_goTypes = []any{
-	(Side)(0),               // 0: dragon.v1.Side
-	(Mode)(0),               // 1: dragon.v1.Mode
-	(Strategy)(0),           // 2: dragon.v1.Strategy
-	(ChatRole)(0),           // 3: dragon.v1.ChatRole
-	(*PeerMessage)(nil),     // 4: dragon.v1.PeerMessage
-	(*Hello)(nil),           // 5: dragon.v1.Hello
-	(*DecodeFit)(nil),       // 6: dragon.v1.DecodeFit
-	(*SamplingParams)(nil),  // 7: dragon.v1.SamplingParams
-	(*Begin)(nil),           // 8: dragon.v1.Begin
-	(*ChatTurn)(nil),        // 9: dragon.v1.ChatTurn
-	(*Drafts)(nil),          // 10: dragon.v1.Drafts
-	(*Draft)(nil),           // 11: dragon.v1.Draft
-	(*Verdicts)(nil),        // 12: dragon.v1.Verdicts
-	(*Verdict)(nil),         // 13: dragon.v1.Verdict
-	(*Handover)(nil),        // 14: dragon.v1.Handover
-	(*Ping)(nil),            // 15: dragon.v1.Ping
-	(*Pong)(nil),            // 16: dragon.v1.Pong
-	(*Cancel)(nil),          // 17: dragon.v1.Cancel
-	(*Sources)(nil),         // 18: dragon.v1.Sources
-	(*Source)(nil),          // 19: dragon.v1.Source
-	(*Error)(nil),           // 20: dragon.v1.Error
-	(*Passages)(nil),        // 21: dragon.v1.Passages
-	(*Passage)(nil),         // 22: dragon.v1.Passage
-	(*Candidate)(nil),       // 23: dragon.v1.Candidate
-	(*CandidateScores)(nil), // 24: dragon.v1.CandidateScores
-	(*Tokens)(nil),          // 25: dragon.v1.Tokens
-	(*KVChunk)(nil),         // 26: dragon.v1.KVChunk
-	nil,                     // 27: dragon.v1.Source.MetadataEntry
+	(Side)(0),                     // 0: dragon.v1.Side
+	(Mode)(0),                     // 1: dragon.v1.Mode
+	(Strategy)(0),                 // 2: dragon.v1.Strategy
+	(ChatRole)(0),                 // 3: dragon.v1.ChatRole
+	(*PeerMessage)(nil),           // 4: dragon.v1.PeerMessage
+	(*Hello)(nil),                 // 5: dragon.v1.Hello
+	(*DecodeFit)(nil),             // 6: dragon.v1.DecodeFit
+	(*SamplingParams)(nil),        // 7: dragon.v1.SamplingParams
+	(*Begin)(nil),                 // 8: dragon.v1.Begin
+	(*RetrievalFilter)(nil),       // 9: dragon.v1.RetrievalFilter
+	(*ChatTurn)(nil),              // 10: dragon.v1.ChatTurn
+	(*Drafts)(nil),                // 11: dragon.v1.Drafts
+	(*Draft)(nil),                 // 12: dragon.v1.Draft
+	(*Verdicts)(nil),              // 13: dragon.v1.Verdicts
+	(*Verdict)(nil),               // 14: dragon.v1.Verdict
+	(*Handover)(nil),              // 15: dragon.v1.Handover
+	(*Ping)(nil),                  // 16: dragon.v1.Ping
+	(*Pong)(nil),                  // 17: dragon.v1.Pong
+	(*Cancel)(nil),                // 18: dragon.v1.Cancel
+	(*Sources)(nil),               // 19: dragon.v1.Sources
+	(*Source)(nil),                // 20: dragon.v1.Source
+	(*Error)(nil),                 // 21: dragon.v1.Error
+	(*Passages)(nil),              // 22: dragon.v1.Passages
+	(*Passage)(nil),               // 23: dragon.v1.Passage
+	(*Candidate)(nil),             // 24: dragon.v1.Candidate
+	(*CandidateScores)(nil),       // 25: dragon.v1.CandidateScores
+	(*Tokens)(nil),                // 26: dragon.v1.Tokens
+	(*KVChunk)(nil),               // 27: dragon.v1.KVChunk
+	nil,                           // 28: dragon.v1.Source.MetadataEntry
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
 }
 var file_dragon_v1_peer_proto_depIdxs = []int32{
 	5,  // 0: dragon.v1.PeerMessage.hello:type_name -> dragon.v1.Hello
 	8,  // 1: dragon.v1.PeerMessage.begin:type_name -> dragon.v1.Begin
-	10, // 2: dragon.v1.PeerMessage.drafts:type_name -> dragon.v1.Drafts
-	12, // 3: dragon.v1.PeerMessage.verdicts:type_name -> dragon.v1.Verdicts
-	14, // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
-	15, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
-	16, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
-	17, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
-	20, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
-	21, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
-	23, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
-	24, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
-	25, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
-	26, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
-	18, // 14: dragon.v1.PeerMessage.sources:type_name -> dragon.v1.Sources
+	11, // 2: dragon.v1.PeerMessage.drafts:type_name -> dragon.v1.Drafts
+	13, // 3: dragon.v1.PeerMessage.verdicts:type_name -> dragon.v1.Verdicts
+	15, // 4: dragon.v1.PeerMessage.handover:type_name -> dragon.v1.Handover
+	16, // 5: dragon.v1.PeerMessage.ping:type_name -> dragon.v1.Ping
+	17, // 6: dragon.v1.PeerMessage.pong:type_name -> dragon.v1.Pong
+	18, // 7: dragon.v1.PeerMessage.cancel:type_name -> dragon.v1.Cancel
+	21, // 8: dragon.v1.PeerMessage.error:type_name -> dragon.v1.Error
+	22, // 9: dragon.v1.PeerMessage.passages:type_name -> dragon.v1.Passages
+	24, // 10: dragon.v1.PeerMessage.candidate:type_name -> dragon.v1.Candidate
+	25, // 11: dragon.v1.PeerMessage.scores:type_name -> dragon.v1.CandidateScores
+	26, // 12: dragon.v1.PeerMessage.tokens:type_name -> dragon.v1.Tokens
+	27, // 13: dragon.v1.PeerMessage.kv:type_name -> dragon.v1.KVChunk
+	19, // 14: dragon.v1.PeerMessage.sources:type_name -> dragon.v1.Sources
 	0,  // 15: dragon.v1.Hello.side:type_name -> dragon.v1.Side
 	6,  // 16: dragon.v1.Hello.decode_fit:type_name -> dragon.v1.DecodeFit
 	7,  // 17: dragon.v1.Begin.sampling:type_name -> dragon.v1.SamplingParams
 	1,  // 18: dragon.v1.Begin.mode:type_name -> dragon.v1.Mode
 	0,  // 19: dragon.v1.Begin.aggregator:type_name -> dragon.v1.Side
 	2,  // 20: dragon.v1.Begin.strategy:type_name -> dragon.v1.Strategy
-	9,  // 21: dragon.v1.Begin.history:type_name -> dragon.v1.ChatTurn
-	3,  // 22: dragon.v1.ChatTurn.role:type_name -> dragon.v1.ChatRole
-	11, // 23: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
-	0,  // 24: dragon.v1.Draft.side:type_name -> dragon.v1.Side
-	13, // 25: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
-	11, // 26: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
-	19, // 27: dragon.v1.Sources.sources:type_name -> dragon.v1.Source
-	0,  // 28: dragon.v1.Source.side:type_name -> dragon.v1.Side
-	27, // 29: dragon.v1.Source.metadata:type_name -> dragon.v1.Source.MetadataEntry
-	22, // 30: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
-	0,  // 31: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
-	4,  // 32: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
-	4,  // 33: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
-	33, // [33:34] is the sub-list for method output_type
-	32, // [32:33] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	10, // 21: dragon.v1.Begin.history:type_name -> dragon.v1.ChatTurn
+	9,  // 22: dragon.v1.Begin.filter:type_name -> dragon.v1.RetrievalFilter
+	29, // 23: dragon.v1.RetrievalFilter.after:type_name -> google.protobuf.Timestamp
+	29, // 24: dragon.v1.RetrievalFilter.before:type_name -> google.protobuf.Timestamp
+	3,  // 25: dragon.v1.ChatTurn.role:type_name -> dragon.v1.ChatRole
+	12, // 26: dragon.v1.Drafts.drafts:type_name -> dragon.v1.Draft
+	0,  // 27: dragon.v1.Draft.side:type_name -> dragon.v1.Side
+	14, // 28: dragon.v1.Verdicts.verdicts:type_name -> dragon.v1.Verdict
+	12, // 29: dragon.v1.Handover.queue:type_name -> dragon.v1.Draft
+	20, // 30: dragon.v1.Sources.sources:type_name -> dragon.v1.Source
+	0,  // 31: dragon.v1.Source.side:type_name -> dragon.v1.Side
+	28, // 32: dragon.v1.Source.metadata:type_name -> dragon.v1.Source.MetadataEntry
+	23, // 33: dragon.v1.Passages.passages:type_name -> dragon.v1.Passage
+	0,  // 34: dragon.v1.Candidate.side:type_name -> dragon.v1.Side
+	4,  // 35: dragon.v1.PeerService.Session:input_type -> dragon.v1.PeerMessage
+	4,  // 36: dragon.v1.PeerService.Session:output_type -> dragon.v1.PeerMessage
+	36, // [36:37] is the sub-list for method output_type
+	35, // [35:36] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_peer_proto_init() }
@@ -2846,14 +2942,14 @@ func file_dragon_v1_peer_proto_init() {
 		(*PeerMessage_Sources)(nil),
 	}
 	file_dragon_v1_peer_proto_msgTypes[4].OneofWrappers = []any{}
-	file_dragon_v1_peer_proto_msgTypes[7].OneofWrappers = []any{}
+	file_dragon_v1_peer_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_peer_proto_rawDesc), len(file_dragon_v1_peer_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
