@@ -19,7 +19,10 @@ import (
 // every 3 steps emits exactly greedy token-wise synchronisation's tokens
 // over a 15 ms link. Short answers: the 1.5B costs about 4x SmolLM2.
 func TestQwenPairGreedyDragonEqualsTokenWise(t *testing.T) {
-	client, dev, cld := pairOfModels(t, 15*time.Millisecond, testmodel.QwenCloudPath(t), testmodel.QwenDevicePath(t), nil, nil, nil)
+	// The 1.5B on a loaded 2-core machine can take seconds a step: the
+	// device must not give up on it and finish alone.
+	client, dev, cld := pairOfModels(t, 15*time.Millisecond, testmodel.QwenCloudPath(t), testmodel.QwenDevicePath(t), nil,
+		[]string{"--cloud-timeout", "2m"}, nil)
 	var switches uint32
 	for i, q := range promptset.Questions[:3] {
 		dr := greedyDragonEqualsTW(t, client, dev, cld, i, q, 12)
