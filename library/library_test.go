@@ -2,6 +2,7 @@ package library
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -17,7 +18,7 @@ import (
 
 func denseIndex(t *testing.T) (*retrieval.Index, string, retrieval.Options) {
 	t.Helper()
-	opts := retrieval.Options{Tokenizer: fake.New(fake.Config{Vocab: 300}), Embedder: retrieval.RandomEmbedder{Dims: 8}}
+	opts := retrieval.Options{Tokenizer: fake.New(fake.Config{Vocab: 300}), Embedder: retrieval.RandomEmbedder{Dims: 8}, DeferVectors: true}
 	dir := filepath.Join(t.TempDir(), "index")
 	ix, _, err := retrieval.Build(t.Context(), dir, opts)
 	require.NoError(t, err)
@@ -92,4 +93,58 @@ func TestAddLimitsAndDeletes(t *testing.T) {
 	assert.Contains(t, removed[0].Text, "puffins")
 	_, err = lib.DeleteSource("ok.txt")
 	assert.ErrorIs(t, err, retrieval.ErrNotIndexed)
+}
+
+// TestWatchKeepsAFolderInSync: new, changed and removed files reach the
+// index within seconds, and what changed while nothing watched is synced
+// when watching starts again.
+func TestWatchKeepsAFolderInSync(t *testing.T) {
+	ix, _, _ := denseIndex(t)
+	defer ix.Close()
+	lib := New(ix, Options{})
+	dir := t.TempDir()
+	write := func(name, text string) {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
+	}
+	sources := func() []string {
+		var out []string
+		for _, d := range lib.ix.Documents() {
+			rel, _ := filepath.Rel(dir, d.Source)
+			out = append(out, rel+"="+d.Status)
+		}
+		return out
+	}
+	search := func(q string) []string {
+		hits, err := ix.Search(t.Context(), q, 3, retrieval.ModeBM25)
+		require.NoError(t, err)
+		var out []string
+		for _, h := range hits {
+			rel, _ := filepath.Rel(dir, h.Passage.Source)
+			out = append(out, rel)
+		}
+		return out
+	}
+	write("a.txt", "the heron waits by the weir")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- lib.Watch(ctx, dir) }()
+	require.Eventually(t, func() bool { return len(search("heron")) == 1 }, 10*time.Second, 20*time.Millisecond, "synced at start")
+
+	write("sub/b.md", "# Otters\n\notters in the millpond")
+	require.Eventually(t, func() bool { return len(search("millpond")) == 1 }, 10*time.Second, 20*time.Millisecond, "a new file in a new folder")
+	write("a.txt", "the kingfisher dives by the weir")
+	require.Eventually(t, func() bool { return len(search("kingfisher")) == 1 && len(search("heron")) == 0 }, 10*time.Second, 20*time.Millisecond, "a changed file")
+	require.NoError(t, os.Remove(filepath.Join(dir, "sub", "b.md")))
+	require.Eventually(t, func() bool { return len(search("millpond")) == 0 }, 10*time.Second, 20*time.Millisecond, "a removed file")
+
+	cancel()
+	require.NoError(t, <-done)
+	// While nothing watches: one file goes, one comes.
+	require.NoError(t, os.Remove(filepath.Join(dir, "a.txt")))
+	write("c.txt", "a note about the lock keeper")
+	rep, err := lib.Sync(t.Context(), dir)
+	require.NoError(t, err)
+	assert.Equal(t, SyncReport{Added: 1, Removed: 1}, rep)
+	assert.Equal(t, []string{"c.txt=embedding"}, sources())
 }

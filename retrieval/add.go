@@ -176,15 +176,19 @@ func chunkDocuments(tok Tokenizer, chunk ChunkOptions, docs []Document, rep *Rep
 
 // commit embeds a group of files' passages, journals them in place of the
 // files' old passages as one change, applies it and checkpoints, so the
-// group's vectors are on disk with it.
+// group's vectors are on disk with it (with DeferVectors, only journals
+// and applies).
 func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, total int, rep *Report) error {
 	var add []*Passage
 	for _, pf := range group {
 		add = append(add, pf.passages...)
 	}
-	vecs, err := ix.embedPassages(ctx, add, *done, total)
-	if err != nil {
-		return err
+	var vecs [][]float32
+	if !ix.opts.DeferVectors {
+		var err error
+		if vecs, err = ix.embedPassages(ctx, add, *done, total); err != nil {
+			return err
+		}
 	}
 	c := &change{Files: map[string]*fileRecord{}}
 	for _, pf := range group {
@@ -204,8 +208,10 @@ func (ix *Index) commit(ctx context.Context, group []pendingFile, done *int, tot
 	if vecs != nil {
 		ix.setVectors(add, vecs)
 	}
-	if err := ix.persist(); err != nil {
-		return ix.failed(err)
+	if !ix.opts.DeferVectors {
+		if err := ix.persist(); err != nil {
+			return ix.failed(err)
+		}
 	}
 	*done += len(add)
 	ix.progress(PhaseIndex, *done, total, "")

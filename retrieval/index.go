@@ -41,6 +41,11 @@ type Options struct {
 	ExactDenseMax int
 	// ReadOnly opens an index for searching only (shared lock).
 	ReadOnly bool
+	// DeferVectors makes Add leave new passages' dense vectors to
+	// EmbedPending, as Put does, and commit without a checkpoint: a
+	// daemon's adds are searchable by BM25 at once and never wait for the
+	// embedder. Offline adds compute them in line.
+	DeferVectors bool
 	// Progress, if set, is called as files are read and passages embedded
 	// and indexed, from the goroutine that called Build or Add.
 	Progress func(Progress)

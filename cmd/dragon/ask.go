@@ -77,7 +77,7 @@ func openIndexFor(dir string, m engine.Model, threads int, readOnly bool) (*retr
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := retrieval.Options{ReadOnly: readOnly, Tokenizer: m}
+	opts := retrieval.Options{ReadOnly: readOnly, Tokenizer: m, DeferVectors: !readOnly}
 	closeEmb := func() {}
 	if man.Dense {
 		if opts.Embedder, closeEmb, err = indexEmbedder(man, m, threads); err != nil {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,6 +33,7 @@ func newDeviceCmd() *cobra.Command {
 		idleUnload    time.Duration
 		modelID       string
 		maxUploadMB   int
+		watch         []string
 		peer          wire.Config
 	)
 	cmd := &cobra.Command{
@@ -113,6 +116,9 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			}
 			device.NewOpenAI(srv, modelID, f.grpc.Token).Register(h.mux)
 			var docs *device.Documents
+			if s.index == nil && len(watch) > 0 {
+				return errors.New("--watch needs a local --index to keep in sync")
+			}
 			if s.index != nil {
 				lib := library.New(s.index, library.Options{
 					Limits: library.Limits{FileBytes: int64(maxUploadMB) << 20}, Busy: srv.Generating,
@@ -121,9 +127,19 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				// The library's last checkpoint comes before the index
 				// closes (deferred above).
 				ctx, cancel := context.WithCancel(cmd.Context())
-				done := make(chan struct{})
-				go func() { defer close(done); lib.Run(ctx) }()
-				defer func() { cancel(); <-done }()
+				var wg sync.WaitGroup
+				wg.Go(func() { lib.Run(ctx) })
+				defer func() { cancel(); wg.Wait() }()
+				for _, dir := range watch {
+					if err := checkFolder(dir); err != nil {
+						return fmt.Errorf("--watch %s: %w", dir, err)
+					}
+					wg.Go(func() {
+						if err := lib.Watch(ctx, dir); err != nil {
+							log.Error("watching a folder failed", "folder", dir, "err", err)
+						}
+					})
+				}
 				docs = device.NewDocuments(lib, f.grpc.Token, log)
 				docs.Register(h.mux)
 			}
@@ -144,7 +160,20 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud answers no handshake or decides no step for this long (it is also finished alone when the cloud goes away)")
 	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits (0: no budget; see deploy/phone/README.md)")
 	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
+	fs.StringArrayVar(&watch, "watch", nil, "keep this folder's files in the index: new, changed and removed files within seconds, and what changed while the daemon was down (repeatable)")
 	fs.DurationVar(&idleUnload, "idle-unload", 0, "after this long without a request, free the model and its context (memory goes back to the OS); the next request loads them back (0: never)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd
+}
+
+// checkFolder fails unless dir is a folder.
+func checkFolder(dir string) error {
+	info, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !info.IsDir() {
+		return errors.New("not a folder")
+	}
+	return nil
 }
