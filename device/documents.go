@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -30,7 +31,10 @@ type Documents struct {
 	dragonv1.UnimplementedDocumentServiceServer
 	lib   *library.Library
 	token string
-	log   *slog.Logger
+	// checkGRPC: the gRPC calls check token themselves, as the cloud's
+	// admin API does, which its peer token's interceptor lets through.
+	checkGRPC bool
+	log       *slog.Logger
 	// maxRequest bounds an upload request's body.
 	maxRequest int64
 }
@@ -44,6 +48,44 @@ func NewDocuments(lib *library.Library, token string, log *slog.Logger) *Documen
 	lim := lib.Limits()
 	// Room for a few files at the limit, or many small ones.
 	return &Documents{lib: lib, token: token, log: log, maxRequest: max(4*lim.FileBytes, 256<<20)}
+}
+
+// NewAdminDocuments serves lib behind an admin token of its own, on HTTP
+// and on gRPC (the cloud's public corpus: the devices' peer token must not
+// change it). The daemon's interceptors must let DocumentMethods through.
+func NewAdminDocuments(lib *library.Library, adminToken string, log *slog.Logger) *Documents {
+	d := NewDocuments(lib, adminToken, log)
+	d.checkGRPC = true
+	return d
+}
+
+// DocumentMethods are DocumentService's full gRPC method names.
+func DocumentMethods() []string {
+	var out []string
+	for _, m := range dragonv1.DocumentService_ServiceDesc.Methods {
+		out = append(out, "/"+dragonv1.DocumentService_ServiceDesc.ServiceName+"/"+m.MethodName)
+	}
+	for _, m := range dragonv1.DocumentService_ServiceDesc.Streams {
+		out = append(out, "/"+dragonv1.DocumentService_ServiceDesc.ServiceName+"/"+m.StreamName)
+	}
+	return out
+}
+
+// authorize checks a gRPC call's bearer token when this server checks its
+// own.
+func (d *Documents) authorize(ctx context.Context) error {
+	if !d.checkGRPC {
+		return nil
+	}
+	vals := metadata.ValueFromIncomingContext(ctx, "authorization")
+	if len(vals) != 1 {
+		return status.Error(codes.Unauthenticated, `this daemon's documents need its admin token: "authorization: Bearer <token>" (--admin-token)`)
+	}
+	got, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(d.token)) != 1 {
+		return status.Error(codes.PermissionDenied, "not this daemon's admin token")
+	}
+	return nil
 }
 
 // Register adds the HTTP routes to mux.
@@ -341,6 +383,9 @@ func (d *Documents) stats(w http.ResponseWriter, _ *http.Request) {
 // AddDocuments implements dragon.v1.DocumentService.
 func (d *Documents) AddDocuments(stream dragonv1.DocumentService_AddDocumentsServer) error {
 	ctx := stream.Context()
+	if err := d.authorize(ctx); err != nil {
+		return err
+	}
 	lim := d.lib.Limits()
 	var out []*dragonv1.Document
 	// The file being received: its bytes so far, or why it failed.
@@ -453,7 +498,10 @@ func (d *Documents) AddDocuments(stream dragonv1.DocumentService_AddDocumentsSer
 }
 
 // DeleteDocument implements dragon.v1.DocumentService.
-func (d *Documents) DeleteDocument(_ context.Context, req *dragonv1.DeleteDocumentRequest) (*dragonv1.DeleteDocumentResponse, error) {
+func (d *Documents) DeleteDocument(ctx context.Context, req *dragonv1.DeleteDocumentRequest) (*dragonv1.DeleteDocumentResponse, error) {
+	if err := d.authorize(ctx); err != nil {
+		return nil, err
+	}
 	var n int
 	var err error
 	switch which := req.GetDocument().(type) {
@@ -474,7 +522,10 @@ func (d *Documents) DeleteDocument(_ context.Context, req *dragonv1.DeleteDocume
 }
 
 // ListDocuments implements dragon.v1.DocumentService.
-func (d *Documents) ListDocuments(_ context.Context, req *dragonv1.ListDocumentsRequest) (*dragonv1.ListDocumentsResponse, error) {
+func (d *Documents) ListDocuments(ctx context.Context, req *dragonv1.ListDocumentsRequest) (*dragonv1.ListDocumentsResponse, error) {
+	if err := d.authorize(ctx); err != nil {
+		return nil, err
+	}
 	if req.GetPageSize() > library.MaxPageSize {
 		return nil, status.Errorf(codes.InvalidArgument, "page_size %d: at most %d", req.GetPageSize(), library.MaxPageSize)
 	}
@@ -490,7 +541,10 @@ func (d *Documents) ListDocuments(_ context.Context, req *dragonv1.ListDocuments
 }
 
 // GetDocument implements dragon.v1.DocumentService.
-func (d *Documents) GetDocument(_ context.Context, req *dragonv1.GetDocumentRequest) (*dragonv1.Document, error) {
+func (d *Documents) GetDocument(ctx context.Context, req *dragonv1.GetDocumentRequest) (*dragonv1.Document, error) {
+	if err := d.authorize(ctx); err != nil {
+		return nil, err
+	}
 	doc, ok := d.lib.Get(req.GetId())
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "no document has id %q", req.GetId())
@@ -499,7 +553,10 @@ func (d *Documents) GetDocument(_ context.Context, req *dragonv1.GetDocumentRequ
 }
 
 // DocumentStats implements dragon.v1.DocumentService.
-func (d *Documents) DocumentStats(context.Context, *dragonv1.DocumentStatsRequest) (*dragonv1.DocumentStatsResponse, error) {
+func (d *Documents) DocumentStats(ctx context.Context, _ *dragonv1.DocumentStatsRequest) (*dragonv1.DocumentStatsResponse, error) {
+	if err := d.authorize(ctx); err != nil {
+		return nil, err
+	}
 	s := d.lib.Stats()
 	return &dragonv1.DocumentStatsResponse{Documents: uint32(s.Documents), Failed: uint32(s.Failed), Passages: uint64(s.Passages),
 		PendingVectors: uint64(s.Pending), DiskBytes: uint64(s.DiskBytes)}, nil

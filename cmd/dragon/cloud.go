@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/dragon-rag/dragon/cloud"
+	"github.com/dragon-rag/dragon/device"
+	"github.com/dragon-rag/dragon/library"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
 )
@@ -16,8 +21,9 @@ func init() { commands = append(commands, newCloudCmd) }
 
 func newCloudCmd() *cobra.Command {
 	var (
-		f     sideFlags
-		limit cloud.Config
+		f          sideFlags
+		limit      cloud.Config
+		adminToken string
 	)
 	cmd := &cobra.Command{
 		Use:   "cloud",
@@ -30,6 +36,10 @@ serves the model and index that make run builds, on 127.0.0.1:7070, without
 TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			log := daemonLog(cmd, "cloud")
+			if adminToken == "" {
+				adminToken = os.Getenv("DRAGON_ADMIN_TOKEN")
+			}
+			f.writableIndex = adminToken != ""
 			s, err := f.load(log)
 			if err != nil {
 				return err
@@ -48,8 +58,28 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 				return err
 			}
 			defer srv.Close()
-			return serveAll(cmd.Context(), log, &f, newHTTPServer(s.registry, f.pprof, nil, s.backendReady), func(g *grpc.Server) {
+			h := newHTTPServer(s.registry, f.pprof, nil, s.backendReady)
+			var docs *device.Documents
+			switch {
+			case adminToken != "" && s.index == nil:
+				return errors.New("--admin-token serves the document API of a local index; this cloud has none (--index '' or a remote backend)")
+			case adminToken != "":
+				lib := library.New(s.index, library.Options{Logger: log, Limits: library.Limits{FileBytes: 64 << 20}})
+				ctx, cancel := context.WithCancel(cmd.Context())
+				done := make(chan struct{})
+				go func() { defer close(done); lib.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+				docs = device.NewAdminDocuments(lib, adminToken, log)
+				docs.Register(h.mux)
+				// Its own token: the devices' peer token must not change the corpus.
+				f.grpc.NoAuthMethods = append(f.grpc.NoAuthMethods, device.DocumentMethods()...)
+				log.Info("serving the document API of the public corpus, behind the admin token")
+			}
+			return serveAll(cmd.Context(), log, &f, h, func(g *grpc.Server) {
 				dragonv1.RegisterPeerServiceServer(g, srv)
+				if docs != nil {
+					dragonv1.RegisterDocumentServiceServer(g, docs)
+				}
 			})
 		},
 	}
@@ -59,6 +89,7 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 	fs.IntVar(&limit.MaxQueue, "max-queue", 4, "generations that may wait for one of those (0: none; beyond: refused with RESOURCE_EXHAUSTED)")
 	fs.DurationVar(&limit.QueueTimeout, "queue-timeout", 10*time.Second, "longest wait in the queue")
 	fs.DurationVar(&limit.SessionTimeout, "session-timeout", 5*time.Minute, "longest generation")
+	fs.StringVar(&adminToken, "admin-token", "", "serve the document API (dragon.v1.DocumentService, /v1/documents) of a local --index behind this token, apart from the devices' --token (also $DRAGON_ADMIN_TOKEN, kept off the command line)")
 	fs.IntVar(&limit.PrefillChunk, "prefill-chunk", 64, "most prompt rows of one session in a shared forward pass (a longer prefill goes in pieces)")
 	return cmd
 }

@@ -289,3 +289,62 @@ func TestDocsCLIAndReflection(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, out, "dragon docs add")
 }
+
+// TestCloudDocumentsBehindAdminToken: the cloud serves the document API of
+// its public corpus behind an admin token of its own, which the devices'
+// peer token does not open; what the operator adds, the cloud retrieves.
+func TestCloudDocumentsBehindAdminToken(t *testing.T) {
+	model := testmodel.Path(t)
+	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexCopy(t, "cloud"), "--profile", "", "--rerank-model", "", "--token", "peer-token", "--admin-token", "admin-token")
+	conn, err := grpc.NewClient(cld.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	docs := dragonv1.NewDocumentServiceClient(conn)
+	with := func(token string) context.Context {
+		return metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer "+token)
+	}
+	_, err = docs.DocumentStats(t.Context(), &dragonv1.DocumentStatsRequest{})
+	assert.Equal(t, codes.Unauthenticated, status.Code(err), "%v", err)
+	_, err = docs.DocumentStats(with("peer-token"), &dragonv1.DocumentStatsRequest{})
+	assert.Equal(t, codes.PermissionDenied, status.Code(err), "the devices' token does not change the corpus: %v", err)
+
+	stream, err := docs.AddDocuments(with("admin-token"))
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&dragonv1.AddDocumentsRequest{Part: &dragonv1.AddDocumentsRequest_File{File: &dragonv1.FileHeader{Name: "public/almanac.txt"}}}))
+	require.NoError(t, stream.Send(&dragonv1.AddDocumentsRequest{Part: &dragonv1.AddDocumentsRequest_Data{Data: []byte("The Zanzibar lighthouse almanac lists the first keeper as Mariam Okafor.")}}))
+	resp, err := stream.CloseAndRecv()
+	require.NoError(t, err)
+	require.Len(t, resp.GetDocuments(), 1)
+	assert.Equal(t, dragonv1.DocumentStatus_DOCUMENT_STATUS_INDEXED, resp.GetDocuments()[0].GetStatus())
+
+	// HTTP: the same API, the same admin token.
+	req, err := http.NewRequest("GET", "http://"+cld.HTTPAddr()+"/v1/documents/"+resp.GetDocuments()[0].GetId(), nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer peer-token")
+	r, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	r.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, r.StatusCode)
+	req.Header.Set("Authorization", "Bearer admin-token")
+	r, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	r.Body.Close()
+	assert.Equal(t, http.StatusOK, r.StatusCode)
+
+	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
+		"--index", testmodel.IndexCopy(t, "device"), "--cloud", cld.Addr, "--cloud-token", "peer-token", "--profile", "", "--rerank-model", "")
+	dconn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer dconn.Close()
+	a, err := ask(t, dragonv1.NewDeviceServiceClient(dconn), &dragonv1.GenerateRequest{Prompt: "Who was the first keeper of the Zanzibar lighthouse?",
+		Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	require.NoError(t, err, "%s\n%s", dev.Logs(), cld.Logs())
+	var cloudSources []string
+	for _, s := range a.Summary.GetSources() {
+		if s.GetSide() == dragonv1.Side_SIDE_CLOUD {
+			cloudSources = append(cloudSources, s.GetSource())
+		}
+	}
+	assert.Contains(t, cloudSources, "public/almanac.txt", "the cloud retrieves what its operator added")
+}
