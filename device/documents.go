@@ -202,12 +202,17 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case "path":
-			p, err := io.ReadAll(io.LimitReader(part, 4096))
-			if err == nil {
-				err = flush()
-			}
-			if err != nil {
+			p, rerr := io.ReadAll(io.LimitReader(part, 4096))
+			if err := flush(); err != nil {
 				d.serverError(w, out, err)
+				return
+			}
+			if rerr != nil {
+				if tooBig(rerr) {
+					fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+					return
+				}
+				fail(http.StatusBadRequest, fmt.Sprintf("malformed multipart body: reading a path field: %v; the files before were added", rerr))
 				return
 			}
 			docs, err := d.lib.AddPath(r.Context(), string(p))

@@ -3,6 +3,7 @@ package device
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -303,4 +304,35 @@ func TestDocumentServiceGRPC(t *testing.T) {
 	_, err = stream.CloseAndRecv()
 	assert.Equal(t, codes.InvalidArgument, status.Code(err))
 	assert.Contains(t, status.Convert(err).Message(), "data before any file header")
+}
+
+// FuzzUpload: any body posted to /v1/documents gets a JSON answer that
+// accepts or refuses it (never a crash or a server error), and each file
+// it lists has a status.
+func FuzzUpload(f *testing.F) {
+	body, _ := multipartBody(&testing.T{}, part{"file", "a.txt", []byte("hello there")}, part{"metadata", "", []byte(`{"k":"v"}`)})
+	f.Add(body.Bytes())
+	f.Add([]byte("--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.eml\"\r\n\r\nFrom: a\r\n\r\nhi\r\n--b--\r\n"))
+	f.Add([]byte("--b\r\nContent-Disposition: form-data; name=\"path\"\r\n\r\n/nonexistent\r\n--b--\r\n"))
+	ix, _, err := retrieval.Build(context.Background(), filepath.Join(f.TempDir(), "index"), retrieval.Options{Tokenizer: fake.New(fake.Config{Vocab: 300})})
+	require.NoError(f, err)
+	defer ix.Close()
+	mux := http.NewServeMux()
+	NewDocuments(library.New(ix, library.Options{Limits: library.Limits{FileBytes: 1 << 12, Files: 8}}), "", nil).Register(mux)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		boundary := "b"
+		if m := bytes.Index(data, []byte("\r\n")); m > 2 && bytes.HasPrefix(data, []byte("--")) {
+			boundary = string(data[2:m])
+		}
+		req := httptest.NewRequest("POST", "/v1/documents", bytes.NewReader(data))
+		req.Header.Set("Content-Type", "multipart/form-data; boundary="+boundary)
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		require.Contains(t, []int{200, 400, 413, 422}, rec.Code, "%s", rec.Body.String())
+		var out addResponse
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out), "%s", rec.Body.String())
+		for _, d := range out.Documents {
+			require.Contains(t, []string{retrieval.StatusIndexed, retrieval.StatusFailed, retrieval.StatusEmbedding}, d.Status)
+		}
+	})
 }
