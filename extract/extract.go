@@ -1,5 +1,6 @@
 // Package extract turns the files documents come in (PDF, HTML, DOCX)
-// into text with metadata: a title, a DOCX's tables as rows of cells. It is pure Go, so that the device's static arm64
+// into text with metadata: a title, the pages of a PDF, a DOCX's tables
+// as rows of cells. It is pure Go, so that the device's static arm64
 // build keeps it, and knows nothing of indexes or daemons: retrieval
 // chunks what it returns. A file it cannot read gives an error that says
 // why (encrypted, no text layer, not a zip, over a limit), never a panic.
@@ -18,6 +19,7 @@ type Format string
 
 // Formats.
 const (
+	PDF  Format = "pdf"
 	HTML Format = "html"
 	DOCX Format = "docx"
 )
@@ -27,7 +29,7 @@ type Doc struct {
 	Title string
 	Text  string
 	// Pages holds, for a paged format, the byte offset in Text where each
-	// page starts: page n (from 1) at Pages[n-1]. None is paged yet.
+	// page starts: page n (from 1) at Pages[n-1].
 	Pages []int
 	Meta  map[string]string
 }
@@ -47,7 +49,10 @@ func PageAt(pages []int, off int) int {
 
 // Errors of reading a file; test with errors.Is.
 var (
-	// ErrNoText: the file holds no text to index.
+	// ErrEncrypted: the file needs a password.
+	ErrEncrypted = errors.New("the file is encrypted")
+	// ErrNoText: the file holds no text to index (a scanned PDF without a
+	// text layer, an empty page).
 	ErrNoText = errors.New("no text in the file")
 	// ErrTooLarge: reading the file would take more than the limits
 	// allow (a zip bomb).
@@ -80,6 +85,8 @@ func (l Limits) withDefaults() Limits {
 // "" when it is none of this package's.
 func Detect(name string, head []byte) Format {
 	switch strings.ToLower(path.Ext(name)) {
+	case ".pdf":
+		return PDF
 	case ".html", ".htm", ".xhtml":
 		return HTML
 	case ".docx":
@@ -87,6 +94,8 @@ func Detect(name string, head []byte) Format {
 	}
 	trimmed := bytes.TrimLeft(head, " \t\r\n\ufeff")
 	switch {
+	case bytes.HasPrefix(head, []byte("%PDF-")):
+		return PDF
 	case hasPrefixFold(trimmed, "<!doctype html") || hasPrefixFold(trimmed, "<html"):
 		return HTML
 	}
@@ -111,6 +120,8 @@ func File(f Format, data []byte, lim Limits) (doc Doc, err error) {
 		doc, err = htmlText(data)
 	case DOCX:
 		doc, err = docxText(data, lim)
+	case PDF:
+		doc, err = pdfText(data)
 	default:
 		return Doc{}, fmt.Errorf("extract: unknown format %q", f)
 	}

@@ -198,7 +198,7 @@ func (l *Library) AddPath(ctx context.Context, path string) ([]retrieval.DocInfo
 		out = append(out, Failed(e.Path, e.Err.Error()))
 	}
 	if len(out) == 0 {
-		out = append(out, Failed(abs, "no file there that this build reads (text, Markdown, mail, HTML, DOCX)"))
+		out = append(out, Failed(abs, "no file there that this build reads (text, Markdown, mail, PDF, HTML, DOCX)"))
 	}
 	return out, nil
 }

@@ -1,10 +1,10 @@
 // Package retrieval turns files into passages and finds the passages most
 // relevant to a query, for one side (device or cloud) of a DRAGON pair.
 //
-// It ingests plain text, Markdown, RFC 822 mail and mbox files, and
-// HTML and DOCX through package extract, splits them into passages of a
-// fixed number of model tokens (so that a passage fills a known share of a
-// KV sequence), and indexes them twice: BM25 through bleve
+// It ingests plain text, Markdown, RFC 822 mail and mbox files (with their
+// attachments), and PDF, HTML and DOCX through package extract, splits
+// them into passages of a fixed number of model tokens (so that a passage
+// fills a known share of a KV sequence), and indexes them twice: BM25 through bleve
 // and dense embeddings, scanned exactly up to Options.ExactDenseMax
 // passages and searched through an HNSW graph past it. Search returns hits
 // with a relevance score R(d, q) calibrated so that softmax(R) over the top

@@ -26,6 +26,7 @@ const (
 	KindMarkdown
 	KindMail
 	KindMbox
+	KindPDF
 	KindHTML
 	KindDOCX
 )
@@ -40,6 +41,8 @@ func (k Kind) String() string {
 		return "mail"
 	case KindMbox:
 		return "mbox"
+	case KindPDF:
+		return "pdf"
 	case KindHTML:
 		return "html"
 	case KindDOCX:
@@ -60,8 +63,8 @@ type Document struct {
 	// UTF-8 text and Markdown, the decoded text body for mail.
 	Text string
 	Meta map[string]string // subject, from, date, message_id, title
-	// Pages holds, for a paged document, the byte offset in Text where
-	// each page starts; its passages carry the page they start on.
+	// Pages holds, for a paged document (a PDF), the byte offset in Text
+	// where each page starts; its passages carry the page they start on.
 	Pages []int
 }
 
@@ -167,6 +170,8 @@ var headerLine = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*:[ \t]`)
 // bytes.
 func detectKind(path string, head []byte) (Kind, error) {
 	switch extract.Detect(path, head) {
+	case extract.PDF:
+		return KindPDF, nil
 	case extract.HTML:
 		return KindHTML, nil
 	case extract.DOCX:
@@ -279,23 +284,20 @@ func documentsFrom(source string, data []byte) (Kind, []Document, []FileError, e
 }
 
 // extractFormats are the kinds package extract reads.
-var extractFormats = map[Kind]extract.Format{KindHTML: extract.HTML, KindDOCX: extract.DOCX}
+var extractFormats = map[Kind]extract.Format{KindPDF: extract.PDF, KindHTML: extract.HTML, KindDOCX: extract.DOCX}
 
 // documentsOf reads a file of a known kind other than mbox.
 func documentsOf(source, path string, kind Kind, data []byte) ([]Document, []FileError, error) {
 	switch kind {
-	case KindHTML, KindDOCX:
+	case KindPDF, KindHTML, KindDOCX:
 		d, err := extract.File(extractFormats[kind], data, extract.Limits{Expanded: maxFileSize})
 		if err != nil {
 			return nil, nil, err
 		}
 		return []Document{{Source: source, Path: path, Kind: kind, Text: d.Text, Meta: d.Meta, Pages: d.Pages}}, nil, nil
 	case KindMail:
-		m, err := parseMessage(data)
-		if err != nil {
-			return nil, nil, err
-		}
-		return []Document{mailDocument(source, path, m)}, nil, nil
+		docs, errs, err := mailDocuments(source, path, data)
+		return docs, errs, err
 	default:
 		doc := Document{Source: source, Path: path, Kind: kind, Text: string(data), Meta: map[string]string{}}
 		if !utf8.Valid(data) {
@@ -317,12 +319,13 @@ func readMbox(source, path string, r io.Reader) ([]Document, []FileError, error)
 	var errs []FileError
 	err := splitMbox(r, func(n int, raw []byte) error {
 		part := source + "#" + strconv.Itoa(n)
-		m, err := parseMessage(raw)
+		ds, aerrs, err := mailDocuments(part, path, raw)
+		errs = append(errs, aerrs...)
 		if err != nil {
 			errs = append(errs, FileError{part, err})
 			return nil
 		}
-		docs = append(docs, mailDocument(part, path, m))
+		docs = append(docs, ds...)
 		return nil
 	})
 	if err != nil && len(docs) == 0 {
@@ -332,6 +335,25 @@ func readMbox(source, path string, r io.Reader) ([]Document, []FileError, error)
 		errs = append(errs, FileError{source, err})
 	}
 	return docs, errs, nil
+}
+
+// mailDocuments reads one message: its body, and its attachments as
+// documents of their own. A mail whose only content is attachments is
+// kept for them.
+func mailDocuments(source, path string, raw []byte) ([]Document, []FileError, error) {
+	m, err := parseMessage(raw)
+	if err != nil && !errors.Is(err, errNoText) {
+		return nil, nil, err
+	}
+	var docs []Document
+	if err == nil {
+		docs = append(docs, mailDocument(source, path, m))
+	}
+	atts, errs := attachments(source, path, raw, m)
+	if len(docs)+len(atts) == 0 {
+		return nil, errs, errNoText
+	}
+	return append(docs, atts...), errs, nil
 }
 
 func mailDocument(source, path string, m message) Document {

@@ -233,7 +233,7 @@ func (ix *Index) prepare(key string, f PutFile) (DocInfo, *fileRecord, []*Passag
 	}
 	if err != nil {
 		if errors.Is(err, errUnsupported) {
-			err = fmt.Errorf("%w (this build reads text, Markdown, mail (.eml, mbox), HTML and DOCX files)", err)
+			err = fmt.Errorf("%w (this build reads text, Markdown, mail (.eml, mbox), PDF, HTML and DOCX files)", err)
 		}
 		if old != nil && old.Error == "" {
 			// The version indexed before stays.
@@ -363,10 +363,16 @@ func (ix *Index) DeleteDocument(id string) (int, error) {
 			c.Remove = append(c.Remove, ix.bySource[s]...)
 		}
 	} else {
+		// A message goes with its attachments.
+		of := func(s string) bool { return s == part || strings.HasPrefix(s, part+"#") }
 		r := *ix.files[key]
-		r.Sources = slices.DeleteFunc(slices.Clone(r.Sources), func(s string) bool { return s == part })
+		r.Sources = slices.DeleteFunc(slices.Clone(r.Sources), of)
 		c.Files[key] = &r
-		c.Remove = slices.Clone(ix.bySource[part])
+		for _, s := range ix.files[key].Sources {
+			if of(s) {
+				c.Remove = append(c.Remove, ix.bySource[s]...)
+			}
+		}
 	}
 	if err := ix.write(c); err != nil {
 		return 0, err
@@ -385,7 +391,7 @@ func (ix *Index) PassagesOf(id string) []Passage {
 	}
 	srcs := ix.files[key].Sources
 	if part != "" {
-		srcs = []string{part}
+		srcs = slices.DeleteFunc(slices.Clone(srcs), func(s string) bool { return s != part && !strings.HasPrefix(s, part+"#") })
 	}
 	var out []Passage
 	for _, s := range srcs {

@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"context"
 	"fmt"
 	"os"
@@ -389,4 +390,54 @@ func TestPutHTMLAndDOCX(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, StatusFailed, d.Status)
 	assert.Contains(t, d.Error, "expand")
+}
+
+// TestMailAttachmentsAreDocuments: a mail's HTML and DOCX attachments are
+// documents of their own, linked to the mail, and a mail whose only
+// content is an attachment is kept for it; deleting the mail takes them.
+func TestMailAttachmentsAreDocuments(t *testing.T) {
+	ix, _, _ := newEmptyIndex(t)
+	defer ix.Close()
+	var doc bytes.Buffer
+	zw := zip.NewWriter(&doc)
+	w, err := zw.Create("word/document.xml")
+	require.NoError(t, err)
+	_, err = w.Write([]byte(`<w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body><w:p><w:r><w:t>The invoice total is 912 kroner.</w:t></w:r></w:p></w:body></w:document>`))
+	require.NoError(t, err)
+	require.NoError(t, zw.Close())
+	mail := "From: Ann <ann@example.com>\r\nSubject: invoice and menu\r\nDate: Mon, 1 Jan 2001 10:00:00 +0000\r\n" +
+		"MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=XX\r\n\r\n" +
+		"--XX\r\nContent-Type: text/plain\r\n\r\nSee the attachments.\r\n" +
+		"--XX\r\nContent-Type: application/vnd.openxmlformats-officedocument.wordprocessingml.document; name=\"inv.docx\"\r\n" +
+		"Content-Disposition: attachment; filename=\"inv.docx\"\r\nContent-Transfer-Encoding: base64\r\n\r\n" +
+		base64.StdEncoding.EncodeToString(doc.Bytes()) + "\r\n" +
+		"--XX\r\nContent-Type: text/html; name=\"menu.html\"\r\nContent-Disposition: attachment; filename=\"menu.html\"\r\n\r\n" +
+		"<html><head><title>Menu</title></head><body><nav>skip</nav><p>Smoked herring on rye.</p></body></html>\r\n" +
+		"--XX\r\nContent-Type: image/png; name=\"logo.png\"\r\nContent-Disposition: attachment; filename=\"logo.png\"\r\nContent-Transfer-Encoding: base64\r\n\r\niVBORw0KGgo=\r\n" +
+		"--XX--\r\n"
+	d, err := ix.Put(t.Context(), "mail/invoice.eml", []byte(mail), nil)
+	require.NoError(t, err)
+	require.NotEqual(t, StatusFailed, d.Status, d.Error)
+	assert.Equal(t, 3, d.Parts, "the body and two attachments; the image carries no text")
+
+	hits, err := ix.Search(t.Context(), "invoice total kroner", 1, ModeBM25)
+	require.NoError(t, err)
+	require.Len(t, hits, 1)
+	assert.Equal(t, "mail/invoice.eml#attachment/1/inv.docx", hits[0].Passage.Source)
+	assert.Equal(t, "mail/invoice.eml", hits[0].Passage.Meta["attached_to"])
+	assert.Equal(t, "invoice and menu", hits[0].Passage.Meta["subject"])
+	assert.Equal(t, "inv.docx", hits[0].Passage.Meta["filename"])
+	assert.Equal(t, []string{"mail/invoice.eml#attachment/2/menu.html"}, bm25Sources(t, ix, "smoked herring"))
+	assert.Empty(t, bm25Sources(t, ix, "skip"))
+
+	only := "From: Bob <bob@example.com>\r\nSubject: scan\r\nMIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=YY\r\n\r\n" +
+		"--YY\r\nContent-Type: text/plain; name=\"notes.txt\"\r\nContent-Disposition: attachment; filename=\"notes.txt\"\r\n\r\nThe boiler was serviced in March.\r\n--YY--\r\n"
+	d, err = ix.Put(t.Context(), "mail/only.eml", []byte(only), nil)
+	require.NoError(t, err)
+	require.NotEqual(t, StatusFailed, d.Status, d.Error)
+	assert.Equal(t, []string{"mail/only.eml#attachment/1/notes.txt"}, bm25Sources(t, ix, "boiler serviced"))
+
+	_, err = ix.DeleteDocument(sources.DocumentID("mail/invoice.eml"))
+	require.NoError(t, err)
+	assert.Empty(t, bm25Sources(t, ix, "smoked herring"), "the mail's attachments go with it")
 }

@@ -42,8 +42,9 @@ func newIndexCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "index",
 		Short: "Build and maintain a retrieval index (BM25 + dense) over files, mail and mbox folders",
-		Long: `An index directory holds the passages of text, Markdown, mail (.eml) and mbox,
-HTML (the visible text) and DOCX files, cut into passages of --chunk-tokens model tokens, a BM25 index and, with
+		Long: `An index directory holds the passages of text, Markdown, mail (.eml) and mbox
+(with their attachments), PDF (its text layer, with page numbers), HTML (the
+visible text) and DOCX files, cut into passages of --chunk-tokens model tokens, a BM25 index and, with
 --dense, embeddings in an HNSW graph: from the sentence-embedding model
 (--embed-model, all-MiniLM-L6-v2 by default), or with --embed-model chat from
 the chat model's own hidden states (prompt-pooled; far slower, and not
