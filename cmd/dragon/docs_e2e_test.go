@@ -86,8 +86,8 @@ const gateMail = "From: Ann Halvorsen <ann@halvorsen.example>\r\nSubject: Halvor
 	"Date: Mon, 7 Dec 2026 09:00:00 +0000\r\n\r\nThe gate code of the Halvorsen cabin is 4417; the key is under the blue flowerpot.\r\n"
 
 // TestDocumentAPIEndToEnd: both daemons as processes. Documents added to
-// the running device over HTTP (a mail, Markdown, an HTML page) are
-// retrieved at once; a deleted one is
+// the running device over HTTP (a real PDF, a mail, Markdown, an HTML page)
+// are retrieved at once, and a damaged PDF fails alone; a deleted one is
 // not; one acknowledged just before a kill -9 is there after the restart;
 // questions are answered while files are being added; a filter narrows
 // each side's retrieval; and the link to the cloud carries nothing of the
@@ -110,24 +110,47 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 	}
 	dev, client := startDevice()
 
+	paper, err := os.ReadFile(filepath.Join(testmodel.FormatsDir(t), "pdf", "r-sandwich-CL.pdf"))
+	require.NoError(t, err)
+	cut, err := os.ReadFile(filepath.Join(testmodel.FormatsDir(t), "damaged", "truncated.pdf"))
+	require.NoError(t, err)
 	docs := uploadFiles(t, dev.HTTPAddr(),
+		[2]string{"papers/sandwich-CL.pdf", string(paper)},
+		[2]string{"papers/cut.pdf", string(cut)},
 		[2]string{"mail/gate.eml", gateMail},
 		[2]string{"notes/quokka.md", "# Quokka trip\n\nOn Rottnest Island the quokkas followed us to the lighthouse at Wadjemup."},
 		[2]string{"web/ferry.html", `<html><head><title>Orkney ferry times</title><script>track()</script></head><body><nav>Home</nav>` +
 			`<main><p>The Stromness ferry to Scrabster leaves at 09:00 from pier four.</p></main></body></html>`})
-	require.Len(t, docs, 3)
-	assert.Equal(t, "Orkney ferry times", docs[2]["title"])
-	for _, d := range docs {
+	require.Len(t, docs, 5)
+	assert.Equal(t, "notes/quokka.md", docs[3]["source"])
+	assert.Equal(t, "pdf", docs[0]["kind"])
+	assert.Equal(t, "failed", docs[1]["status"], "a real PDF cut in half fails alone")
+	assert.Contains(t, docs[1]["error"], "damaged")
+	assert.Equal(t, "Orkney ferry times", docs[4]["title"])
+	for _, d := range append([]map[string]any{docs[0]}, docs[2:]...) {
 		assert.Equal(t, "indexed", d["status"], "%v", d)
 	}
 	assert.Contains(t, deviceSources(t, client, "What is the gate code of the Halvorsen cabin?"), "mail/gate.eml", "retrieved once acknowledged")
 	assert.Contains(t, deviceSources(t, client, "Where did the quokkas follow us on Rottnest Island?"), "notes/quokka.md")
 	assert.Contains(t, deviceSources(t, client, "When does the Stromness ferry to Scrabster leave?"), "web/ferry.html")
+	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "How does the sandwich package estimate clustered covariances?",
+		Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	require.NoError(t, err)
+	var pages []string
+	for _, s := range a.Summary.GetSources() {
+		if s.GetSource() == "papers/sandwich-CL.pdf" {
+			pages = append(pages, s.GetMetadata()["page"])
+		}
+	}
+	require.NotEmpty(t, pages, "the real PDF is retrieved")
+	for _, p := range pages {
+		assert.Regexp(t, `^[0-9]+$`, p, "its passages say their page")
+	}
 
 	// A filter narrows the device's retrieval and stays on the device; the
 	// cloud's narrows the cloud's.
 	q := "What is the gate code of the Halvorsen cabin?"
-	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	a, err = ask(t, client, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
 	require.NoError(t, err)
 	var cloudSource string
 	for _, s := range a.Summary.GetSources() {
@@ -148,7 +171,7 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 	}
 
 	// Deleted: no longer retrieved.
-	code, out := httpDo(t, "DELETE", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[1]["id"].(string))
+	code, out := httpDo(t, "DELETE", "http://"+dev.HTTPAddr()+"/v1/documents/"+docs[3]["id"].(string))
 	require.Equal(t, http.StatusOK, code, "%v", out)
 	assert.NotContains(t, deviceSources(t, client, "Where did the quokkas follow us on Rottnest Island?"), "notes/quokka.md")
 
@@ -172,7 +195,7 @@ func TestDocumentAPIEndToEnd(t *testing.T) {
 
 	// Everything of the documents stays off the link (checked before the
 	// restart, while the tap holds one connection it can parse).
-	secrets := []string{"mail/gate.eml", "Halvorsen cabin gate code", "ann@halvorsen.example", "flowerpot", "notes/quokka.md", "Quokka trip", "Wadjemup", "bulk/", "ann halvorsen", "web/ferry.html", "Orkney ferry times", "pier four"}
+	secrets := []string{"mail/gate.eml", "Halvorsen cabin gate code", "ann@halvorsen.example", "flowerpot", "notes/quokka.md", "Quokka trip", "Wadjemup", "bulk/", "ann halvorsen", "web/ferry.html", "Orkney ferry times", "pier four", "papers/sandwich-CL.pdf", "Clustered Covariances"}
 	up, rawUp := link.messages(t, true)
 	var leaked []string
 	for _, s := range secrets {

@@ -117,6 +117,17 @@ func CorpusDir(t testing.TB) string {
 	return p
 }
 
+// FormatsDir is data/formats of the repository (`make formats`): real PDF,
+// HTML and DOCX files and their reference texts.
+func FormatsDir(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(Root(), "data", "formats")
+	if _, err := os.Stat(filepath.Join(p, "SOURCES")); err != nil {
+		t.Fatalf("real files not found: run `make formats` (%v)", err)
+	}
+	return p
+}
+
 // IndexCopy is a copy of IndexDir(t, side) in a temporary folder, for a
 // daemon that writes its index (the device): tests must not change the
 // repository's, and two devices cannot share one.
