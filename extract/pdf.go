@@ -2,6 +2,8 @@ package extract
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -9,6 +11,9 @@ import (
 	"github.com/klippa-app/go-pdfium"
 	"github.com/klippa-app/go-pdfium/requests"
 	"github.com/klippa-app/go-pdfium/webassembly"
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 )
 
 // PDFs are read by pdfium, compiled to WebAssembly and run by wazero (go-
@@ -16,9 +21,10 @@ import (
 // it. Chosen by measurement against poppler's pdftotext on 23 real PDFs
 // (docs/BENCHMARKS.md, "Extraction"): median word F1 0.995, lowest 0.943,
 // none failed; the pure-Go parsers scored 0.35-0.96 and failed on 1-10.
-// Starting it compiles a 5.8 MB module (3-4 s), so it starts with the
-// first PDF, once, and one instance serves the process: pdfium is not
-// safe for concurrent use.
+// Starting it compiles a 5.8 MB module: 3-4 s and a peak of about 315 MB
+// the first time, 0.1 s and 51 MB once the compiled code is in a cache on
+// disk (PDFCacheDir). So it starts with the first PDF, once, and one
+// instance serves the process: pdfium is not safe for concurrent use.
 var pdfEngine struct {
 	once sync.Once
 	mu   sync.Mutex
@@ -26,9 +32,31 @@ var pdfEngine struct {
 	err  error
 }
 
+// PDFCacheDir is where the PDF reader keeps its compiled code between
+// runs; empty: the user's cache folder (os.UserCacheDir), or none when
+// there is none. Set it before the first PDF.
+var PDFCacheDir string
+
+func pdfRuntime() wazero.RuntimeConfig {
+	// The pdfium module lowers setjmp/longjmp to WebAssembly exceptions.
+	rc := wazero.NewRuntimeConfig().WithCoreFeatures(api.CoreFeaturesV2 | experimental.CoreFeaturesExceptionHandling)
+	dir := PDFCacheDir
+	if dir == "" {
+		if base, err := os.UserCacheDir(); err == nil {
+			dir = filepath.Join(base, "dragon", "pdfium")
+		}
+	}
+	if dir != "" {
+		if cache, err := wazero.NewCompilationCacheWithDir(dir); err == nil {
+			rc = rc.WithCompilationCache(cache)
+		}
+	}
+	return rc
+}
+
 func pdfInstance() (pdfium.Pdfium, error) {
 	pdfEngine.once.Do(func() {
-		pool, err := webassembly.Init(webassembly.Config{MinIdle: 1, MaxIdle: 1, MaxTotal: 1})
+		pool, err := webassembly.Init(webassembly.Config{MinIdle: 1, MaxIdle: 1, MaxTotal: 1, RuntimeConfig: pdfRuntime()})
 		if err != nil {
 			pdfEngine.err = fmt.Errorf("start the PDF reader: %w", err)
 			return
