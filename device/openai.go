@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -228,16 +227,14 @@ func (f *filterJSON) proto(field string) (*dragonv1.RetrievalFilter, error) {
 		if v == "" {
 			continue
 		}
-		t, err := time.Parse(time.RFC3339, v)
+		ts, err := session.FilterTime(v)
 		if err != nil {
-			if t, err = time.Parse("2006-01-02", v); err != nil {
-				return nil, fmt.Errorf("%s.%s %q: want an RFC 3339 time or a day (2006-01-02)", field, name, v)
-			}
+			return nil, fmt.Errorf("%s.%s %w", field, name, err)
 		}
 		if name == "after" {
-			out.After = timestamppb.New(t)
+			out.After = ts
 		} else {
-			out.Before = timestamppb.New(t)
+			out.Before = ts
 		}
 	}
 	return out, nil

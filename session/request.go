@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -439,6 +440,18 @@ func ParseFilter(f *dragonv1.RetrievalFilter, field string) (retrieval.Filter, e
 		return out, wire.InvalidArgument(field, err.Error())
 	}
 	return out, nil
+}
+
+// FilterTime reads a filter's bound as people write it: an RFC 3339 time
+// or a day (2006-01-02, midnight UTC).
+func FilterTime(s string) (*timestamppb.Timestamp, error) {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		if t, err = time.Parse("2006-01-02", s); err != nil {
+			return nil, fmt.Errorf("%q: want a day (2006-01-02) or an RFC 3339 time", s)
+		}
+	}
+	return timestamppb.New(t), nil
 }
 
 // retrievalTurns is how many of a conversation's earlier user turns join

@@ -7,13 +7,11 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dragon-rag/dragon/aggregator"
 	"github.com/dragon-rag/dragon/device"
@@ -74,16 +72,14 @@ func filterFlag(name string, kv map[string]string) (*dragonv1.RetrievalFilter, e
 		case "from":
 			f.From = v
 		case "after", "before":
-			t, err := time.Parse(time.RFC3339, v)
+			ts, err := session.FilterTime(v)
 			if err != nil {
-				if t, err = time.Parse("2006-01-02", v); err != nil {
-					return nil, fmt.Errorf("--%s %s=%q: want a day (2006-01-02) or an RFC 3339 time", name, k, v)
-				}
+				return nil, fmt.Errorf("--%s %s=%w", name, k, err)
 			}
 			if k == "after" {
-				f.After = timestamppb.New(t)
+				f.After = ts
 			} else {
-				f.Before = timestamppb.New(t)
+				f.Before = ts
 			}
 		default:
 			return nil, fmt.Errorf("--%s: unknown key %q (source, from, after, before)", name, k)

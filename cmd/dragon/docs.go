@@ -38,6 +38,16 @@ func (c *docsClient) register(cmd *cobra.Command) {
 	c.grpc.RegisterFlags(f, "device-")
 }
 
+// with dials the device and runs f with a client of its document API.
+func (c *docsClient) with(f func(dragonv1.DocumentServiceClient) error) error {
+	client, done, err := c.dial()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return f(client)
+}
+
 func (c *docsClient) dial() (dragonv1.DocumentServiceClient, func(), error) {
 	if c.grpc.Token == "" {
 		c.grpc.Token = os.Getenv("DRAGON_TOKEN")
@@ -233,28 +243,25 @@ func newDocsLsCmd(c *docsClient) *cobra.Command {
 		Short: "List the device's documents with their status",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, done, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer done()
-			var all []*dragonv1.Document
-			token := ""
-			for {
-				resp, err := client.ListDocuments(cmd.Context(), &dragonv1.ListDocumentsRequest{PageSize: 1000, PageToken: token})
-				if err != nil {
-					return err
+			return c.with(func(client dragonv1.DocumentServiceClient) error {
+				var all []*dragonv1.Document
+				token := ""
+				for {
+					resp, err := client.ListDocuments(cmd.Context(), &dragonv1.ListDocumentsRequest{PageSize: 1000, PageToken: token})
+					if err != nil {
+						return err
+					}
+					all = append(all, resp.GetDocuments()...)
+					if token = resp.GetNextPageToken(); token == "" {
+						break
+					}
 				}
-				all = append(all, resp.GetDocuments()...)
-				if token = resp.GetNextPageToken(); token == "" {
-					break
+				if c.asJSON {
+					return printProtoJSON(cmd.OutOrStdout(), &dragonv1.ListDocumentsResponse{Documents: all, Total: uint32(len(all))})
 				}
-			}
-			if c.asJSON {
-				return printProtoJSON(cmd.OutOrStdout(), &dragonv1.ListDocumentsResponse{Documents: all, Total: uint32(len(all))})
-			}
-			printDocs(cmd.OutOrStdout(), all)
-			return nil
+				printDocs(cmd.OutOrStdout(), all)
+				return nil
+			})
 		},
 	}
 }
@@ -267,36 +274,33 @@ func newDocsRmCmd(c *docsClient) *cobra.Command {
 		Short: "Remove documents by id (as dragon docs ls shows it) or by source",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, done, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer done()
-			type removed struct {
-				Document string `json:"document"`
-				Passages uint32 `json:"passages_removed"`
-			}
-			var out []removed
-			for _, a := range args {
-				req := &dragonv1.DeleteDocumentRequest{Document: &dragonv1.DeleteDocumentRequest_Source{Source: a}}
-				if docIDPattern.MatchString(a) {
-					req.Document = &dragonv1.DeleteDocumentRequest_Id{Id: a}
+			return c.with(func(client dragonv1.DocumentServiceClient) error {
+				type removed struct {
+					Document string `json:"document"`
+					Passages uint32 `json:"passages_removed"`
 				}
-				resp, err := client.DeleteDocument(cmd.Context(), req)
-				if err != nil {
-					return fmt.Errorf("remove %s: %w", a, err)
+				var out []removed
+				for _, a := range args {
+					req := &dragonv1.DeleteDocumentRequest{Document: &dragonv1.DeleteDocumentRequest_Source{Source: a}}
+					if docIDPattern.MatchString(a) {
+						req.Document = &dragonv1.DeleteDocumentRequest_Id{Id: a}
+					}
+					resp, err := client.DeleteDocument(cmd.Context(), req)
+					if err != nil {
+						return fmt.Errorf("remove %s: %w", a, err)
+					}
+					out = append(out, removed{a, resp.GetPassagesRemoved()})
+					if !c.asJSON {
+						fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%d passages)\n", a, resp.GetPassagesRemoved())
+					}
 				}
-				out = append(out, removed{a, resp.GetPassagesRemoved()})
-				if !c.asJSON {
-					fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%d passages)\n", a, resp.GetPassagesRemoved())
+				if c.asJSON {
+					enc := json.NewEncoder(cmd.OutOrStdout())
+					enc.SetIndent("", "  ")
+					return enc.Encode(out)
 				}
-			}
-			if c.asJSON {
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(out)
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 }
@@ -307,21 +311,18 @@ func newDocsStatsCmd(c *docsClient) *cobra.Command {
 		Short: "Count the device's documents, passages and vectors still to compute",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, done, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer done()
-			s, err := client.DocumentStats(cmd.Context(), &dragonv1.DocumentStatsRequest{})
-			if err != nil {
-				return err
-			}
-			if c.asJSON {
-				return printProtoJSON(cmd.OutOrStdout(), s)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%d documents (%d failed), %d passages, %d waiting for vectors, %.1f MiB on disk\n",
-				s.GetDocuments(), s.GetFailed(), s.GetPassages(), s.GetPendingVectors(), float64(s.GetDiskBytes())/(1<<20))
-			return nil
+			return c.with(func(client dragonv1.DocumentServiceClient) error {
+				s, err := client.DocumentStats(cmd.Context(), &dragonv1.DocumentStatsRequest{})
+				if err != nil {
+					return err
+				}
+				if c.asJSON {
+					return printProtoJSON(cmd.OutOrStdout(), s)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%d documents (%d failed), %d passages, %d waiting for vectors, %.1f MiB on disk\n",
+					s.GetDocuments(), s.GetFailed(), s.GetPassages(), s.GetPendingVectors(), float64(s.GetDiskBytes())/(1<<20))
+				return nil
+			})
 		},
 	}
 }
