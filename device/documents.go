@@ -23,6 +23,7 @@ import (
 	"github.com/dragon-rag/dragon/library"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/sources"
 )
 
 // Documents serves a library: the document API over HTTP (/v1/documents)
@@ -93,6 +94,7 @@ func (d *Documents) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /v1/documents", d.auth(d.add))
 	mux.HandleFunc("GET /v1/documents", d.auth(d.list))
 	mux.HandleFunc("GET /v1/documents/stats", d.auth(d.stats))
+	mux.HandleFunc("GET /v1/documents/search", d.auth(d.search))
 	mux.HandleFunc("GET /v1/documents/{id}", d.auth(d.get))
 	mux.HandleFunc("DELETE /v1/documents/{id}", d.auth(d.delete))
 }
@@ -379,6 +381,47 @@ func (d *Documents) delete(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeJSONStatus(w, http.StatusOK, map[string]any{"id": id, "deleted": true, "passages_removed": n})
 	}
+}
+
+// searchHit is one passage GET /v1/documents/search finds.
+type searchHit struct {
+	DocumentID string            `json:"document_id"`
+	Source     string            `json:"source"`
+	PassageID  uint64            `json:"passage_id"`
+	Score      float64           `json:"score"`
+	Text       string            `json:"text"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+}
+
+// search answers GET /v1/documents/search?q=TEXT&k=N: the passages a
+// generation would retrieve from this corpus, for apps and for checking
+// what an add made retrievable.
+func (d *Documents) search(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query().Get("q")
+	if strings.TrimSpace(q) == "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "missing_query", "give the query as q=")
+		return
+	}
+	k := 5
+	if s := r.URL.Query().Get("k"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 100 {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "bad_k", fmt.Sprintf("k %q: need 1 to 100", s))
+			return
+		}
+		k = n
+	}
+	hits, err := d.lib.Search(r.Context(), q, k, retrieval.Filter{SourcePrefix: r.URL.Query().Get("source_prefix")})
+	if err != nil {
+		d.serverError(w, nil, err)
+		return
+	}
+	out := make([]searchHit, len(hits))
+	for i, h := range hits {
+		out[i] = searchHit{DocumentID: sources.DocumentID(h.Passage.Source), Source: h.Passage.Source, PassageID: h.Passage.ID,
+			Score: h.Score, Text: h.Passage.Text, Metadata: h.Passage.Meta}
+	}
+	writeJSONStatus(w, http.StatusOK, map[string]any{"hits": out})
 }
 
 func (d *Documents) stats(w http.ResponseWriter, _ *http.Request) {

@@ -154,6 +154,15 @@ func TestDocumentsHTTP(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	assert.Len(t, docsOf(t, out), 2)
 
+	code, out = ds.do(t, "GET", "/v1/documents/search?q=gate+code&k=2", nil, "")
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	found := out["hits"].([]any)
+	require.NotEmpty(t, found)
+	assert.Equal(t, "mail/gate.eml", found[0].(map[string]any)["source"])
+	assert.Contains(t, found[0].(map[string]any)["text"], "4417")
+	code, _ = ds.do(t, "GET", "/v1/documents/search?k=2", nil, "")
+	assert.Equal(t, http.StatusBadRequest, code, "no query")
+
 	id := docs[0]["id"].(string)
 	code, out = ds.do(t, "GET", "/v1/documents/"+id, nil, "")
 	require.Equal(t, http.StatusOK, code)

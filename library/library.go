@@ -271,6 +271,13 @@ func (l *Library) removed(ps []retrieval.Passage) {
 	l.kick()
 }
 
+// Search returns the k passages of the corpus most relevant to query,
+// among those f lets through, as a generation retrieves them (before any
+// re-ranking).
+func (l *Library) Search(ctx context.Context, query string, k int, f retrieval.Filter) ([]retrieval.Hit, error) {
+	return l.ix.SearchFilter(ctx, query, k, retrieval.ModeAuto, f)
+}
+
 // Get describes the document with the given id, or holding the part with
 // it.
 func (l *Library) Get(id string) (retrieval.DocInfo, bool) { return l.ix.Document(id) }
