@@ -7,43 +7,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unicode"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dragon-rag/dragon/bench/textscore"
 	"github.com/dragon-rag/dragon/internal/testmodel"
 )
-
-// words counts a text's lowercased words (runs of letters and digits).
-func words(s string) map[string]int {
-	m := map[string]int{}
-	for _, w := range strings.FieldsFunc(strings.ToLower(s), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }) {
-		m[w]++
-	}
-	return m
-}
-
-// wordF1 compares a text with a reference as bags of words.
-func wordF1(got, ref string) (p, r, f float64) {
-	g, w := words(got), words(ref)
-	var inter, ng, nw int
-	for k, v := range g {
-		ng += v
-		inter += min(v, w[k])
-	}
-	for _, v := range w {
-		nw += v
-	}
-	if ng == 0 || nw == 0 {
-		return 0, 0, 0
-	}
-	p, r = float64(inter)/float64(ng), float64(inter)/float64(nw)
-	if p+r > 0 {
-		f = 2 * p * r / (p + r)
-	}
-	return p, r, f
-}
 
 func median(x []float64) float64 {
 	slices.Sort(x)
@@ -79,7 +49,7 @@ func TestRealFiles(t *testing.T) {
 				assert.ErrorIs(t, err, ErrNoText, name)
 				assert.ErrorContains(t, err, "OCR", name)
 				continue
-			case rerr != nil || len(words(string(ref))) == 0:
+			case rerr != nil || len(textscore.Words(string(ref))) == 0:
 				// No reference text (the reference tool failed, or the file
 				// holds none): only that it is read or refused cleanly.
 				if err != nil {
@@ -88,7 +58,7 @@ func TestRealFiles(t *testing.T) {
 				continue
 			}
 			require.NoError(t, err, name)
-			p, r, f := wordF1(doc.Text, string(ref))
+			p, r, f := textscore.F1(doc.Text, string(ref))
 			t.Logf("%-5s %-48s P=%.3f R=%.3f F1=%.3f pages=%d title=%q", format, name, p, r, f, len(doc.Pages), doc.Title)
 			s := scores[format]
 			s.p, s.r, s.f = append(s.p, p), append(s.r, r), append(s.f, f)
