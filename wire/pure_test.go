@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -32,8 +33,8 @@ func TestCheckHello(t *testing.T) {
 		{"other model", peer(func(h *dragonv1.Hello) {
 			h.ModelName, h.ModelFingerprint = "gemma-3-270m", "ffffffffffffffffffffffff"
 		}), codes.FailedPrecondition, []string{"model mismatch", `cloud running "SmolLM2-135M-Instruct"`, `device running "gemma-3-270m"`, "0123456789abcdef…"}},
-		{"older protocol", peer(func(h *dragonv1.Hello) { h.ProtocolVersion = 4 }), codes.FailedPrecondition,
-			[]string{"protocol version mismatch", "v5", "v4", "SmolLM2-135M-Instruct"}},
+		{"older protocol", peer(func(h *dragonv1.Hello) { h.ProtocolVersion = wire.ProtocolVersion - 1 }), codes.FailedPrecondition,
+			[]string{"protocol version mismatch", fmt.Sprintf("v%d", wire.ProtocolVersion), fmt.Sprintf("v%d", wire.ProtocolVersion-1), "SmolLM2-135M-Instruct"}},
 		{"vocabulary differs", peer(func(h *dragonv1.Hello) { h.VocabSize = 49153 }), codes.FailedPrecondition, []string{"49152", "49153"}},
 		{"two devices", peer(func(h *dragonv1.Hello) { h.Side = dragonv1.Side_SIDE_CLOUD }), codes.FailedPrecondition, []string{"both peers are cloud"}},
 		{"no fingerprint", peer(func(h *dragonv1.Hello) { h.ModelFingerprint = "" }), codes.InvalidArgument, []string{"no model fingerprint"}},

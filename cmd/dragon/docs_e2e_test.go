@@ -257,6 +257,8 @@ func TestDocsCLIAndReflection(t *testing.T) {
 			return nil, err
 		}
 		if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			// io.EOF: the server ended the stream; Recv says why.
+			_, err = stream.Recv()
 			return nil, err
 		}
 		resp, err := stream.Recv()
