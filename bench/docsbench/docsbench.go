@@ -81,18 +81,21 @@ type TTFT struct {
 
 // Report is `dragon bench docs --json`.
 type Report struct {
-	Date               string       `json:"date"`
-	CPUs               int          `json:"cpus"`
-	Model              string       `json:"model"`
-	MailFiles          int          `json:"mail_files"`
-	IngestDocsPerS     float64      `json:"ingest_docs_per_s"`
-	IngestMBPerS       float64      `json:"ingest_mb_per_s"`
-	AckToRetrievableMS Percentiles  `json:"ack_to_retrievable_ms"`
-	TTFTP95MS          TTFT         `json:"ttft_p95_ms"`
-	LostAfterKill      int          `json:"lost_after_kill"`
-	Kills              int          `json:"kills"`
-	AckedBeforeKills   int          `json:"acked_before_kills"`
-	Scale              []ScalePoint `json:"scale"`
+	Date               string      `json:"date"`
+	CPUs               int         `json:"cpus"`
+	Model              string      `json:"model"`
+	MailFiles          int         `json:"mail_files"`
+	IngestDocsPerS     float64     `json:"ingest_docs_per_s"`
+	IngestMBPerS       float64     `json:"ingest_mb_per_s"`
+	AckToRetrievableMS Percentiles `json:"ack_to_retrievable_ms"`
+	TTFTP95MS          TTFT        `json:"ttft_p95_ms"`
+	// TTFTDuringIngestion is how many questions were answered while files
+	// were still being added (the "ingesting" percentile's sample).
+	TTFTDuringIngestion int          `json:"ttft_questions_during_ingestion"`
+	LostAfterKill       int          `json:"lost_after_kill"`
+	Kills               int          `json:"kills"`
+	AckedBeforeKills    int          `json:"acked_before_kills"`
+	Scale               []ScalePoint `json:"scale"`
 	// Formats is extraction's quality by format, on real files.
 	Formats map[string]FormatScore `json:"formats,omitempty"`
 }
@@ -424,29 +427,46 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		logf("%d copies: %d passages, search p95 %.1f ms, add p50 %.1f ms, RSS %.0f MB", copies, p.Passages, p.SearchP95MS, p.AddMSP50, p.RSSMB)
 		return nil
 	}
-	for _, target := range o.Scales {
-		for copies < target {
-			copies++
-			prefix := fmt.Sprintf("copy%d/", copies)
-			if copies == 2 {
-				// The questions are asked while this copy is fed.
-				var wg sync.WaitGroup
-				var ferr error
-				wg.Go(func() { _, ferr = feed(ctx, dv, mail, prefix, o.Batch) })
-				time.Sleep(time.Second)
-				for _, q := range o.Questions {
-					ms, err := dv.ttft(ctx, q)
-					if err != nil {
-						return rep, err
-					}
+	for i, target := range o.Scales {
+		if i == 1 || (i == 0 && target > 1) {
+			// The questions are asked while the copies up to this scale
+			// are fed; only those answered before the feed ends count.
+			from := copies
+			var wg sync.WaitGroup
+			var ferr error
+			var feeding sync.Mutex
+			done := false
+			wg.Go(func() {
+				for c := from + 1; c <= target && ferr == nil; c++ {
+					_, ferr = feed(ctx, dv, mail, fmt.Sprintf("copy%d/", c), o.Batch)
+				}
+				feeding.Lock()
+				done = true
+				feeding.Unlock()
+			})
+			time.Sleep(time.Second)
+			for _, q := range o.Questions {
+				ms, err := dv.ttft(ctx, q)
+				if err != nil {
+					return rep, err
+				}
+				feeding.Lock()
+				if !done {
 					busy = append(busy, ms)
 				}
-				wg.Wait()
-				if ferr != nil {
-					return rep, ferr
-				}
-				rep.TTFTP95MS.Ingesting = quantile(busy, 0.95)
-			} else if _, err := feed(ctx, dv, mail, prefix, o.Batch); err != nil {
+				feeding.Unlock()
+			}
+			wg.Wait()
+			if ferr != nil {
+				return rep, ferr
+			}
+			copies = target
+			rep.TTFTP95MS.Ingesting = quantile(busy, 0.95)
+			rep.TTFTDuringIngestion = len(busy)
+		}
+		for copies < target {
+			copies++
+			if _, err := feed(ctx, dv, mail, fmt.Sprintf("copy%d/", copies), o.Batch); err != nil {
 				return rep, err
 			}
 		}

@@ -62,7 +62,8 @@ restart; and extraction on make formats' real files (--formats).`,
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "%d mails: %.1f docs/s, %.2f MB/s; ack to retrievable p50 %.1f ms, p99 %.1f ms\n",
 				rep.MailFiles, rep.IngestDocsPerS, rep.IngestMBPerS, rep.AckToRetrievableMS.P50, rep.AckToRetrievableMS.P99)
-			fmt.Fprintf(w, "TTFT p95: idle %.0f ms, ingesting %.0f ms (%.2fx)\n", rep.TTFTP95MS.Idle, rep.TTFTP95MS.Ingesting, rep.TTFTP95MS.Ingesting/rep.TTFTP95MS.Idle)
+			fmt.Fprintf(w, "TTFT p95: idle %.0f ms, ingesting %.0f ms (%.2fx; %d questions answered during ingestion)\n",
+				rep.TTFTP95MS.Idle, rep.TTFTP95MS.Ingesting, rep.TTFTP95MS.Ingesting/rep.TTFTP95MS.Idle, rep.TTFTDuringIngestion)
 			fmt.Fprintf(w, "kill -9: %d lost of %d acknowledged over %d kills\n", rep.LostAfterKill, rep.AckedBeforeKills, rep.Kills)
 			for _, p := range rep.Scale {
 				fmt.Fprintf(w, "%2dx: %7d passages, search p95 %.1f ms, add p50 %.1f ms, RSS %.0f MB\n", p.Copies, p.Passages, p.SearchP95MS, p.AddMSP50, p.RSSMB)
