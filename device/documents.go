@@ -121,10 +121,12 @@ func writeJSONStatus(w http.ResponseWriter, code int, v any) {
 // errTooManyFiles fails the files of a request past Limits.Files.
 var errTooManyFiles = errors.New("too many files")
 
-// Uploads are committed in batches of this many files or bytes.
+// Uploads are committed in batches of this many files or bytes: each is
+// one journal sync, and each waits for answers being generated, so small
+// enough that one started just before a question does not hold it long.
 const (
-	uploadBatchFiles = 512
-	uploadBatchBytes = 32 << 20
+	uploadBatchFiles = 64
+	uploadBatchBytes = 8 << 20
 )
 
 // addResponse is POST /v1/documents's answer; Error is set when no file

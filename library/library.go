@@ -145,6 +145,7 @@ func (l *Library) AddAll(ctx context.Context, us []Upload) ([]retrieval.DocInfo,
 		at = append(at, i)
 	}
 	if len(files) > 0 {
+		l.yield(ctx)
 		infos, err := l.ix.PutAll(ctx, files)
 		if err != nil {
 			return nil, err
@@ -156,6 +157,21 @@ func (l *Library) AddAll(ctx context.Context, us []Upload) ([]retrieval.DocInfo,
 	}
 	l.kick()
 	return out, nil
+}
+
+// maxYield bounds how long an add waits for answers to finish, so that a
+// device answering without pause still takes its owner's files.
+const maxYield = 10 * time.Second
+
+// yield waits while answers are being generated: reading, chunking and
+// indexing a batch takes the core an answer's decoding needs (on one core,
+// a bulk add doubled the time to first token of questions asked
+// meanwhile). Files wait at most maxYield; their ack comes after.
+func (l *Library) yield(ctx context.Context) {
+	deadline := time.Now().Add(maxYield)
+	for l.opts.Busy() && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // read reads an upload's bytes, or says why the file fails; the error is

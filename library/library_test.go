@@ -30,16 +30,16 @@ func denseIndex(t *testing.T) (*retrieval.Index, string, retrieval.Options) {
 func TestRunEmbedsWhileIdle(t *testing.T) {
 	ix, dir, opts := denseIndex(t)
 	var busy atomic.Bool
-	busy.Store(true)
 	lib := New(ix, Options{Busy: busy.Load, EmbedBatch: 2, CheckpointEvery: time.Hour})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); lib.Run(ctx) }()
-
 	d, err := lib.Add(t.Context(), Upload{Name: "a.txt", Data: strings.NewReader(strings.Repeat("walrus tusks are teeth. ", 40))})
 	require.NoError(t, err)
 	require.Equal(t, retrieval.StatusEmbedding, d.Status)
 	require.Greater(t, d.Passages, 2)
+
+	busy.Store(true)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); lib.Run(ctx) }()
 	time.Sleep(3 * busyPoll)
 	assert.Equal(t, d.Passages, ix.Pending(), "nothing embedded while answering")
 
@@ -57,6 +57,31 @@ func TestRunEmbedsWhileIdle(t *testing.T) {
 	require.NoError(t, err)
 	defer ix.Close()
 	assert.Zero(t, ix.Pending(), "the vectors were checkpointed")
+}
+
+// TestAddsWaitForAnswers: an add waits while an answer is being
+// generated, and goes ahead once it is done.
+func TestAddsWaitForAnswers(t *testing.T) {
+	ix, _, _ := denseIndex(t)
+	defer ix.Close()
+	var busy atomic.Bool
+	busy.Store(true)
+	lib := New(ix, Options{Busy: busy.Load})
+	added := make(chan time.Time, 1)
+	go func() {
+		_, err := lib.Add(t.Context(), Upload{Name: "n.txt", Data: strings.NewReader("a note")})
+		assert.NoError(t, err)
+		added <- time.Now()
+	}()
+	time.Sleep(300 * time.Millisecond)
+	freed := time.Now()
+	busy.Store(false)
+	select {
+	case at := <-added:
+		assert.True(t, at.After(freed), "added only once the answer was done")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the add never went ahead")
+	}
 }
 
 func TestAddLimitsAndDeletes(t *testing.T) {
