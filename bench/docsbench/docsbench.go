@@ -183,21 +183,28 @@ func (dv *device) upload(ctx context.Context, files []file) ([]map[string]any, e
 	return acked, nil
 }
 
-func (dv *device) getJSON(ctx context.Context, path string, v any) (int, error) {
+// get fetches path from the daemon's HTTP port.
+func (dv *device) get(ctx context.Context, path string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", dv.base+path, nil)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	if v == nil {
-		io.Copy(io.Discard, resp.Body)
-		return resp.StatusCode, nil
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// getJSON fetches path and decodes its JSON into v (nil: only the status).
+func (dv *device) getJSON(ctx context.Context, path string, v any) (int, error) {
+	code, b, err := dv.get(ctx, path)
+	if err != nil || v == nil {
+		return code, err
 	}
-	return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
+	return code, json.Unmarshal(b, v)
 }
 
 func (dv *device) search(ctx context.Context, q string, k int) ([]string, error) {
@@ -218,16 +225,7 @@ func (dv *device) search(ctx context.Context, q string, k int) ([]string, error)
 
 // metric reads one gauge of the daemon's /metrics.
 func (dv *device) metric(ctx context.Context, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", dv.base+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	_, b, err := dv.get(ctx, "/metrics")
 	if err != nil {
 		return 0, err
 	}
