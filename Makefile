@@ -186,7 +186,7 @@ $(PYOPENAI)/.installed:
 
 # Quick loop without the race detector or fuzzing; tests that need a
 # Weaviate binary skip when it is absent (make weaviate).
-test-short: deps model qwen embed-model rerank-model
+test-short: deps model qwen embed-model rerank-model formats
 	$(GO) test -short -count=1 ./...
 
 # Static checks of deploy/: Kubernetes manifests decoded into the typed API
