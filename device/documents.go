@@ -99,18 +99,7 @@ func (d *Documents) Register(mux *http.ServeMux) {
 	mux.HandleFunc("DELETE /v1/documents/{id}", d.auth(d.delete))
 }
 
-func (d *Documents) auth(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if d.token != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(d.token)) != 1 {
-				writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "missing or wrong API key (Authorization: Bearer <key>)")
-				return
-			}
-		}
-		h(w, r)
-	}
-}
+func (d *Documents) auth(h http.HandlerFunc) http.HandlerFunc { return bearer(d.token, h) }
 
 func writeJSONStatus(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -173,6 +162,9 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 		out = append(out, docs...)
 		return err
 	}
+	overLimit := func() {
+		fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+	}
 	tooBig := func(err error) bool {
 		var e *http.MaxBytesError
 		return errors.As(err, &e)
@@ -188,7 +180,7 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if tooBig(err) {
-				fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+				overLimit()
 				return
 			}
 			fail(http.StatusBadRequest, fmt.Sprintf("malformed multipart body: %v; the files before were added", err))
@@ -213,7 +205,7 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 			}
 			if rerr != nil {
 				if tooBig(rerr) {
-					fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+					overLimit()
 					return
 				}
 				fail(http.StatusBadRequest, fmt.Sprintf("malformed multipart body: reading a path field: %v; the files before were added", rerr))
@@ -236,7 +228,7 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 				}
 				out = append(out, library.Failed(name, fmt.Sprintf("%s: over the %d files a request may carry: send it again in another request", errTooManyFiles, lim.Files)))
 				if _, err := io.Copy(io.Discard, part); err != nil && tooBig(err) {
-					fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+					overLimit()
 					return
 				}
 				continue
@@ -254,7 +246,7 @@ func (d *Documents) add(w http.ResponseWriter, r *http.Request) {
 				}
 				if tooBig(err) {
 					out = append(out, library.Failed(name, "cut off: the request is over the bytes an upload may carry"))
-					fail(http.StatusRequestEntityTooLarge, fmt.Sprintf("the request is over the %d bytes an upload may carry; the files before were added", d.maxRequest))
+					overLimit()
 					return
 				}
 				fail(http.StatusBadRequest, fmt.Sprintf("reading %s: %v; the files before were added", name, err))

@@ -91,11 +91,15 @@ func writeStatus(w http.ResponseWriter, err error) {
 	writeError(w, code, typ, "", st.Message())
 }
 
-func (o *OpenAI) auth(h http.HandlerFunc) http.HandlerFunc {
+func (o *OpenAI) auth(h http.HandlerFunc) http.HandlerFunc { return bearer(o.token, h) }
+
+// bearer guards h with an API key, when token is set: requests must carry
+// "Authorization: Bearer <token>".
+func bearer(token string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if o.token != "" {
+		if token != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(o.token)) != 1 {
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 				writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "missing or wrong API key (Authorization: Bearer <key>)")
 				return
 			}
