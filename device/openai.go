@@ -131,10 +131,7 @@ func (o *OpenAI) modelByID(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, o.modelObject())
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, v any) { writeJSONStatus(w, http.StatusOK, v) }
 
 // stopField is OpenAI's stop: a string or a list of strings.
 type stopField []string

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/sources"
 )
 
 // Limits bound what one request may ask of the library.
@@ -251,13 +252,11 @@ func (l *Library) DeleteSource(source string) (int, error) {
 	return n, nil
 }
 
+// bySource finds a file by the name it was added under, through its id:
+// listing every document to find one would cost a pass over all passages.
 func (l *Library) bySource(source string) (retrieval.DocInfo, bool) {
-	for _, d := range l.ix.Documents() {
-		if d.Source == source {
-			return d, true
-		}
-	}
-	return retrieval.DocInfo{}, false
+	d, ok := l.ix.Document(sources.DocumentID(source))
+	return d, ok && d.Source == source
 }
 
 // snapshotOf copies the passages a delete of id would remove, for
