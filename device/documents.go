@@ -618,6 +618,8 @@ func docProto(d retrieval.DocInfo) *dragonv1.Document {
 		p.Status = dragonv1.DocumentStatus_DOCUMENT_STATUS_INDEXED
 	case retrieval.StatusEmbedding:
 		p.Status = dragonv1.DocumentStatus_DOCUMENT_STATUS_EMBEDDING
+	case retrieval.StatusWriting:
+		p.Status = dragonv1.DocumentStatus_DOCUMENT_STATUS_WRITING
 	case retrieval.StatusFailed:
 		p.Status = dragonv1.DocumentStatus_DOCUMENT_STATUS_FAILED
 	}

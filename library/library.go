@@ -55,7 +55,11 @@ type Options struct {
 	// CheckpointEvery is the longest a change stays only in the journal
 	// while the library is quiet (default 1 minute).
 	CheckpointEvery time.Duration
-	Logger          *slog.Logger
+	// Mark, when set, may change the status of documents the library
+	// describes: a cloud whose searched collection is written after the
+	// index (retrieval.Mirror.Unwritten) marks those not yet there.
+	Mark   func([]retrieval.DocInfo)
+	Logger *slog.Logger
 }
 
 // Library serves a writable index's documents.
@@ -81,6 +85,9 @@ func New(ix *retrieval.Index, opts Options) *Library {
 	}
 	if opts.Busy == nil {
 		opts.Busy = func() bool { return false }
+	}
+	if opts.Mark == nil {
+		opts.Mark = func([]retrieval.DocInfo) {}
 	}
 	return &Library{ix: ix, opts: opts, log: opts.Logger, wake: make(chan struct{}, 1)}
 }
@@ -151,6 +158,7 @@ func (l *Library) AddAll(ctx context.Context, us []Upload) ([]retrieval.DocInfo,
 		if err != nil {
 			return nil, err
 		}
+		l.opts.Mark(infos)
 		for j, info := range infos {
 			out[at[j]] = info
 			l.log.Info("document added", "id", info.ID, "status", info.Status, "passages", info.Passages, "unchanged", info.Unchanged)
@@ -295,7 +303,15 @@ func (l *Library) Search(ctx context.Context, query string, k int, f retrieval.F
 
 // Get describes the document with the given id, or holding the part with
 // it.
-func (l *Library) Get(id string) (retrieval.DocInfo, bool) { return l.ix.Document(id) }
+func (l *Library) Get(id string) (retrieval.DocInfo, bool) {
+	d, ok := l.ix.Document(id)
+	if ok {
+		ds := []retrieval.DocInfo{d}
+		l.opts.Mark(ds)
+		d = ds[0]
+	}
+	return d, ok
+}
 
 // Page is one page of a listing.
 type Page struct {
@@ -326,6 +342,7 @@ func (l *Library) List(size int, token string) (Page, error) {
 	start = min(start, len(all))
 	end := min(start+size, len(all))
 	p := Page{Documents: all[start:end], Total: len(all)}
+	l.opts.Mark(p.Documents)
 	if end < len(all) {
 		p.Next = strconv.Itoa(end)
 	}

@@ -294,6 +294,7 @@ func (ix *Index) applyLocked(c *change) {
 	}
 	ix.man.NextID = max(ix.man.NextID, c.NextID)
 	ix.man.Passages, ix.man.Sources, ix.man.Files = len(ix.passages), len(ix.bySource), len(ix.files)
+	ix.changes.Add(1)
 }
 
 // setVectors gives live passages their vectors, in the graph too, a chunk
@@ -313,6 +314,7 @@ func (ix *Index) setVectors(ps []*Passage, vecs [][]float32) {
 			}
 		}
 		ix.dirty = true
+		ix.changes.Add(1)
 		ix.mu.Unlock()
 	}
 	ix.syncGraph()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/hnsw"
@@ -123,6 +124,11 @@ type Index struct {
 	// dirty: the snapshot lacks something only memory holds (vectors,
 	// the dimensions), though the journal may be empty.
 	dirty bool
+
+	// changes counts the changes applied since Open (passages added or
+	// removed, vectors set), so that a watcher of the index (Mirror) can
+	// tell an unchanged index from a look at one number.
+	changes atomic.Uint64
 
 	// exclude are folders Add never reads: the index's own directory and,
 	// while building, the one it will replace.
@@ -657,3 +663,7 @@ func (ix *Index) Close() error {
 	}
 	return err
 }
+
+// Changes counts the changes applied since Open: equal counts mean the
+// index's passages, files and vectors are as they were.
+func (ix *Index) Changes() uint64 { return ix.changes.Load() }

@@ -25,6 +25,9 @@ const (
 	// StatusEmbedding: searchable by BM25; vectors are being computed
 	// (DocInfo.Embedded of DocInfo.Passages so far).
 	StatusEmbedding = "embedding"
+	// StatusWriting: held durably, and being written into the remote
+	// collection that is searched (Mirror); not retrievable until then.
+	StatusWriting = "writing"
 	// StatusFailed: the file could not be read; DocInfo.Error says why.
 	StatusFailed = "failed"
 )

@@ -28,7 +28,7 @@ func init() { commands = append(commands, newAskCmd) }
 // (weaviate:// or weaviate+https:// URL) or a local index folder (also
 // bleve:DIR). The returned func closes what it opened.
 func openSearcher(spec string, m engine.Model, threads int, writable bool) (retrieval.Searcher, func(), error) {
-	if !strings.HasPrefix(spec, "weaviate://") && !strings.HasPrefix(spec, "weaviate+https://") {
+	if !isRemoteIndex(spec) {
 		ix, closeIx, err := openIndexFor(strings.TrimPrefix(spec, "bleve:"), m, threads, !writable)
 		if err != nil {
 			return nil, nil, err

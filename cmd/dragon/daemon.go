@@ -425,15 +425,10 @@ func newHTTPServer(reg *prometheus.Registry, pprofOn bool, extra func() string, 
 }
 
 // run serves on addr until ctx is done.
-func (h *httpServer) run(ctx context.Context, log *slog.Logger, addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("http: %w", err)
-	}
+func (h *httpServer) run(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: h.mux, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("serving http", "addr", ln.Addr().String())
 	select {
 	case err := <-errc:
 		return err
@@ -453,8 +448,15 @@ func serveAll(ctx context.Context, log *slog.Logger, f *sideFlags, h *httpServer
 	errc := make(chan error, 2)
 	n := 1
 	if f.http != "" {
+		// Listening before gRPC says it serves: whoever waits for that
+		// line finds the HTTP address said before it.
+		ln, err := net.Listen("tcp", f.http)
+		if err != nil {
+			return fmt.Errorf("http: %w", err)
+		}
+		log.Info("serving http", "addr", ln.Addr().String())
 		n++
-		go func() { errc <- h.run(ctx, log, f.http) }()
+		go func() { errc <- h.run(ctx, ln) }()
 	}
 	go func() {
 		errc <- serve(ctx, log, f.listen, f.grpc, f.drain, func(g *grpc.Server) {

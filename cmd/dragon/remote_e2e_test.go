@@ -1,18 +1,27 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"mime/multipart"
 	"net/http"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/internal/testmodel"
 	"github.com/dragon-rag/dragon/internal/weaviatetest"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
+	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
 
 // A cloud serving its corpus from Weaviate answers with the device; when
@@ -57,4 +66,119 @@ func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 		return strings.Contains(cld.Logs(), "retrieval failed") && strings.Contains(cld.Logs(), "unavailable")
 	},
 		5*time.Second, 50*time.Millisecond, "cloud log:\n%s", cld.Logs())
+}
+
+// adminDo sends an admin API request to a cloud, with a multipart body of
+// files when any are given, and decodes its JSON answer.
+func adminDo(t *testing.T, method, url string, files ...[2]string) (int, map[string]any) {
+	t.Helper()
+	var body bytes.Buffer
+	ctype := ""
+	if len(files) > 0 {
+		mw := multipart.NewWriter(&body)
+		for _, f := range files {
+			w, err := mw.CreateFormFile("file", f[0])
+			require.NoError(t, err)
+			_, err = w.Write([]byte(f[1]))
+			require.NoError(t, err)
+		}
+		require.NoError(t, mw.Close())
+		ctype = mw.FormDataContentType()
+	}
+	req, err := http.NewRequest(method, url, &body)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer admin-token")
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return resp.StatusCode, out
+}
+
+// A cloud on Weaviate with the admin API: what the operator adds is kept
+// in the admin index at the ack and written into the collection, where
+// the cloud retrieves it; an add acknowledged just before a kill -9 gets
+// there after the restart; a delete takes it out of the collection.
+func TestCloudDocumentsIntoWeaviate(t *testing.T) {
+	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 1})
+	require.NoError(t, err)
+	dir, _ := warmIndex(t, m)
+	m.Close()
+	cl := weaviatetest.Start(t, 1)
+	url := "weaviate://" + strings.TrimPrefix(cl.URL(0), "http://") + "/Public"
+	_, err = runIndex(t, "push", "--dir", dir, "--to", url, "-q")
+	require.NoError(t, err)
+	store, err := weaviate.Open(url)
+	require.NoError(t, err)
+	defer store.Close()
+	inCollection := func(query string) []string {
+		r, err := retrieval.OpenRemote(t.Context(), store, nil)
+		require.NoError(t, err)
+		hits, err := r.Search(t.Context(), query, 3, retrieval.ModeBM25)
+		require.NoError(t, err)
+		var out []string
+		for _, h := range hits {
+			out = append(out, h.Passage.Source)
+		}
+		return out
+	}
+
+	ledger := filepath.Join(t.TempDir(), "admin")
+	args := []string{"cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", testmodel.Path(t), "--threads", "1",
+		"--index", url, "--profile", "", "--rerank-model", "", "--admin-token", "admin-token"}
+	msg, err := dragonCLI(t, nil, args...)
+	require.Error(t, err)
+	assert.Contains(t, msg, "--admin-index DIR", "a Weaviate corpus needs a local index for the admin API")
+	cld := startDaemon(t, "cloud", append(args, "--admin-index", ledger)...)
+	docsURL := "http://" + cld.HTTPAddr() + "/v1/documents"
+
+	code, out := adminDo(t, "POST", docsURL, [2]string{"public/almanac.txt", "The Zanzibar lighthouse almanac lists the first keeper as Mariam Okafor."})
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	id := out["documents"].([]any)[0].(map[string]any)["id"].(string)
+	require.Eventually(t, func() bool {
+		_, d := adminDo(t, "GET", docsURL+"/"+id)
+		return d["status"] == "indexed"
+	}, 20*time.Second, 100*time.Millisecond, "written into the collection:\n%s", cld.Logs())
+	assert.Equal(t, []string{"public/almanac.txt"}, inCollection("Zanzibar lighthouse keeper Okafor"))
+
+	// The device's question retrieves it from the cloud's collection.
+	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", testmodel.Path(t), "--threads", "1",
+		"--index", testmodel.IndexCopy(t, "device"), "--cloud", cld.Addr, "--profile", "", "--rerank-model", "")
+	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	a, err := ask(t, dragonv1.NewDeviceServiceClient(conn), &dragonv1.GenerateRequest{Prompt: "Who was the first keeper of the Zanzibar lighthouse?",
+		Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
+	require.NoError(t, err, "%s\n%s", dev.Logs(), cld.Logs())
+	var cloudSources []string
+	for _, s := range a.Summary.GetSources() {
+		if s.GetSide() == dragonv1.Side_SIDE_CLOUD {
+			cloudSources = append(cloudSources, s.GetSource())
+		}
+	}
+	assert.Contains(t, cloudSources, "public/almanac.txt")
+
+	// Acknowledged, then kill -9 before the collection could have it:
+	// after the restart it is written there.
+	code, out = adminDo(t, "POST", docsURL, [2]string{"public/tides.txt", "The Quillon harbour tide table was drawn by Ezekiel Brandvold."})
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	require.NoError(t, cld.Kill())
+	cld = startDaemon(t, "cloud", append(args, "--admin-index", ledger)...)
+	docsURL = "http://" + cld.HTTPAddr() + "/v1/documents"
+	assert.Eventually(t, func() bool {
+		return slices.Contains(inCollection("Quillon harbour tide Brandvold"), "public/tides.txt")
+	}, 20*time.Second, 100*time.Millisecond, "%s", cld.Logs())
+
+	// A delete takes it out of the collection.
+	code, out = adminDo(t, "DELETE", docsURL+"/"+id)
+	require.Equal(t, http.StatusOK, code, "%v", out)
+	assert.Eventually(t, func() bool {
+		return !slices.Contains(inCollection("Zanzibar lighthouse keeper Okafor"), "public/almanac.txt")
+	}, 20*time.Second, 100*time.Millisecond, "%s", cld.Logs())
+	require.NotEmpty(t, inCollection("Etna volcano Sicily"), "the pushed corpus stays")
+	assert.Equal(t, "volcano.txt", filepath.Base(inCollection("Etna volcano Sicily")[0]))
 }

@@ -195,6 +195,29 @@ func (c *Client) DeleteStale(ctx context.Context, file string, messages bool, ke
 	return c.deleteWhere(ctx, where)
 }
 
+// DeleteSources removes the passages of the given sources, named whole
+// (no wildcards: any name is taken as it is), whose ids are not in keep.
+func (c *Client) DeleteSources(ctx context.Context, sources []string, keep []uint64) (int, error) {
+	n := 0
+	// A filter's list stays a few hundred names long.
+	const per = 256
+	for i := 0; i < len(sources); i += per {
+		where := map[string]any{"path": []string{"source"}, "operator": "ContainsAny", "valueTextArray": sources[i:min(i+per, len(sources))]}
+		if len(keep) > 0 {
+			where = map[string]any{"operator": "And", "operands": []map[string]any{
+				where,
+				{"path": []string{"pid"}, "operator": "ContainsNone", "valueTextArray": pidTexts(keep)},
+			}}
+		}
+		k, err := c.deleteWhere(ctx, where)
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
 func (c *Client) deleteWhere(ctx context.Context, where map[string]any) (int, error) {
 	body := map[string]any{
 		"match": map[string]any{"class": c.cfg.Collection, "where": where},

@@ -32,6 +32,9 @@ const (
 	DocumentStatus_DOCUMENT_STATUS_EMBEDDING DocumentStatus = 2
 	// Could not be read; error says why.
 	DocumentStatus_DOCUMENT_STATUS_FAILED DocumentStatus = 3
+	// Kept durably, and being written into the collection that is
+	// searched (a cloud on Weaviate); not retrieved until then.
+	DocumentStatus_DOCUMENT_STATUS_WRITING DocumentStatus = 4
 )
 
 // Enum value maps for DocumentStatus.
@@ -41,12 +44,14 @@ var (
 		1: "DOCUMENT_STATUS_INDEXED",
 		2: "DOCUMENT_STATUS_EMBEDDING",
 		3: "DOCUMENT_STATUS_FAILED",
+		4: "DOCUMENT_STATUS_WRITING",
 	}
 	DocumentStatus_value = map[string]int32{
 		"DOCUMENT_STATUS_UNSPECIFIED": 0,
 		"DOCUMENT_STATUS_INDEXED":     1,
 		"DOCUMENT_STATUS_EMBEDDING":   2,
 		"DOCUMENT_STATUS_FAILED":      3,
+		"DOCUMENT_STATUS_WRITING":     4,
 	}
 )
 
@@ -906,12 +911,13 @@ const file_dragon_v1_documents_proto_rawDesc = "" +
 	"\bpassages\x18\x03 \x01(\x04R\bpassages\x12'\n" +
 	"\x0fpending_vectors\x18\x04 \x01(\x04R\x0ependingVectors\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x05 \x01(\x04R\tdiskBytes*\x89\x01\n" +
+	"disk_bytes\x18\x05 \x01(\x04R\tdiskBytes*\xa6\x01\n" +
 	"\x0eDocumentStatus\x12\x1f\n" +
 	"\x1bDOCUMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DOCUMENT_STATUS_INDEXED\x10\x01\x12\x1d\n" +
 	"\x19DOCUMENT_STATUS_EMBEDDING\x10\x02\x12\x1a\n" +
-	"\x16DOCUMENT_STATUS_FAILED\x10\x032\xa6\x03\n" +
+	"\x16DOCUMENT_STATUS_FAILED\x10\x03\x12\x1b\n" +
+	"\x17DOCUMENT_STATUS_WRITING\x10\x042\xa6\x03\n" +
 	"\x0fDocumentService\x12Q\n" +
 	"\fAddDocuments\x12\x1e.dragon.v1.AddDocumentsRequest\x1a\x1f.dragon.v1.AddDocumentsResponse(\x01\x12U\n" +
 	"\x0eDeleteDocument\x12 .dragon.v1.DeleteDocumentRequest\x1a!.dragon.v1.DeleteDocumentResponse\x12R\n" +
