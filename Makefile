@@ -29,10 +29,10 @@ export DRAGON_EMBED_MODEL := $(CURDIR)/$(EMBED_MODEL)
 
 # The cross compilers and qemu-user build and test the arm64 device
 # binary (make device-arm64).
-APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user poppler-utils w3m
+APT_PKGS := protobuf-compiler shellcheck iproute2 cmake gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user poppler-utils w3m chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps llama-upstream device-arm64 proto-tools formats model qwen rerank-model run-qwen run-tiny index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
+.PHONY: all deps llama-upstream device-arm64 proto-tools formats axe screenshots model qwen rerank-model run-qwen run-tiny index-qwen profile-qwen embed-model wiki weaviate build test test-short vet fmt run profile pyopenai bench experiments cpuprobe clean deploy-check
 
 all: build
 
@@ -161,12 +161,24 @@ vet: deps
 # cache the counts took 30 s and 17 s on the 2-core Intel VM.
 # The arm64 binary is built first and run under qemu-aarch64 by
 # cmd/dragon's Arm64 tests (DRAGON_ARM64_BIN: missing, they fail).
-test: deps model qwen embed-model rerank-model weaviate corpus index formats vet proto-tools pyopenai device-arm64
+test: deps model qwen embed-model rerank-model weaviate corpus index formats axe vet proto-tools pyopenai device-arm64
 	DRAGON_ARM64_BIN=$(CURDIR)/$(ARM64_BIN) $(GO) test -race -count=1 -timeout 60m ./...
 	$(GO) test -race -count=1 -tags dragon_leak_sources -run '^(TestAnswerSourcesEndToEnd|TestDocumentAPIEndToEnd)$$' ./cmd/dragon/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 300000x -fuzzminimizetime 2s ./codec/
 	$(GO) test -run '^$$' -fuzz '^FuzzNodeAgainstAPeer$$' -fuzztime 150000x -fuzzminimizetime 2s ./aggregator/
 	$(MAKE) deploy-check
+
+# axe-core, the accessibility rules the browser test runs in the page
+# (scripts/fetch-axe.sh; npm, checksummed).
+axe: $(BUILD)/axe-core/.complete
+$(BUILD)/axe-core/.complete: scripts/fetch-axe.sh
+	@scripts/fetch-axe.sh $(BUILD)/axe-core
+
+# The README's pictures of the device's page: the browser test on make
+# run's pair (the Qwen models, their indexes, the re-ranker), its
+# screenshots written into docs/screenshots.
+screenshots: deps qwen rerank-model corpus index-qwen axe
+	DRAGON_PAGE_PAIR=default DRAGON_SCREENSHOTS=$(CURDIR)/docs/screenshots $(GO) test -count=1 -timeout 30m -run '^TestPageInBrowser$$' ./cmd/dragon/
 
 # Real PDF, HTML and DOCX files and their reference texts, for the
 # extraction tests (scripts/fetch-formats.sh; Debian packages and PyPI
@@ -186,7 +198,7 @@ $(PYOPENAI)/.installed:
 
 # Quick loop without the race detector or fuzzing; tests that need a
 # Weaviate binary skip when it is absent (make weaviate).
-test-short: deps model qwen embed-model rerank-model formats
+test-short: deps model qwen embed-model rerank-model formats axe
 	$(GO) test -short -count=1 ./...
 
 # Static checks of deploy/: Kubernetes manifests decoded into the typed API

@@ -42,7 +42,21 @@ type Config struct {
 	// memory back; the next generation loads them back first. The model
 	// must then be an Unloader.
 	IdleUnload time.Duration
+	// MaxQueue is how many generations may wait while one runs (0: 4;
+	// negative: none); beyond it, and after QueueTimeout (0: 2 minutes)
+	// in it, a generation is refused with a time to retry after.
+	MaxQueue     int
+	QueueTimeout time.Duration
 }
+
+func (c Config) maxQueue() int {
+	if c.MaxQueue == 0 {
+		return 4
+	}
+	return max(c.MaxQueue, 0)
+}
+
+func (c Config) queueTimeout() time.Duration { return cmp.Or(c.QueueTimeout, 2*time.Minute) }
 
 // Unloader is a model that can free its weights while idle and load them
 // back when next used (llamacpp.Model).
@@ -61,6 +75,12 @@ type Server struct {
 	busy  chan struct{}
 	start time.Time
 	ids   atomic.Uint64
+	// waiting counts the generations queued for busy; meanGen is a
+	// moving mean of how long one holds it, for their Retry-After.
+	waiting atomic.Int64
+	meanGen atomic.Int64 // nanoseconds
+	// cloudModel is the model the cloud named in its last handshake.
+	cloudModel atomic.Pointer[string]
 
 	// life guards loading and freeing the decoder: a generation holds a
 	// lease (acquire, release) from before its first use of dec to after
@@ -93,6 +113,64 @@ func New(cfg Config) (*Server, error) {
 	s.armIdleLocked()
 	return s, nil
 }
+
+// admit takes the generation slot, waiting for it in the queue (told to
+// note) while another generation holds it.
+func (s *Server) admit(ctx context.Context, note func(*dragonv1.Progress)) error {
+	select {
+	case s.busy <- struct{}{}:
+		return nil
+	default:
+	}
+	ahead := s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	full := func() error {
+		return wire.ResourceExhausted(fmt.Sprintf("device generations (%d queued)", s.waiting.Load()-1), 1, 1, s.retryAfter(ahead))
+	}
+	if ahead > int64(s.cfg.maxQueue()) {
+		return full()
+	}
+	note(&dragonv1.Progress{Phase: dragonv1.ProgressPhase_PROGRESS_PHASE_QUEUED, QueuePosition: uint32(ahead)})
+	t := time.NewTimer(s.cfg.queueTimeout())
+	defer t.Stop()
+	select {
+	case s.busy <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	case <-t.C:
+		return full()
+	}
+}
+
+// retryAfter is how long the generations ahead of one are likely to take,
+// by the mean of those before (a second at least).
+func (s *Server) retryAfter(ahead int64) time.Duration {
+	d := time.Duration(s.meanGen.Load() * ahead)
+	return max(d.Round(time.Second), time.Second)
+}
+
+// observeHold folds one generation's hold of the slot into meanGen.
+func (s *Server) observeHold(d time.Duration) {
+	old := s.meanGen.Load()
+	if old == 0 {
+		s.meanGen.Store(int64(d))
+		return
+	}
+	s.meanGen.Store(old + (int64(d)-old)/4)
+}
+
+// CloudModel is the model the cloud named in its latest handshake ("" if
+// none yet).
+func (s *Server) CloudModel() string {
+	if p := s.cloudModel.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// Queued is how many generations wait for the one running.
+func (s *Server) Queued() int { return int(s.waiting.Load()) }
 
 // Generating says whether an answer is being generated now: background
 // work (embedding new documents) waits while it is, so that it does not
@@ -207,12 +285,17 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	if req.Mode != dragonv1.Mode_MODE_DEVICE_ONLY && s.cfg.Peer == nil {
 		return status.Errorf(codes.FailedPrecondition, "mode %v needs the cloud, and this device has none configured (--cloud)", req.Mode)
 	}
-	select {
-	case s.busy <- struct{}{}:
-		defer func() { <-s.busy }()
-	default:
-		return wire.ResourceExhausted("device generations", 1, 1, 0)
+	note := func(*dragonv1.Progress) {}
+	if g.GetProgress() {
+		note = func(p *dragonv1.Progress) {
+			_ = send(&dragonv1.GenerateResponse{Kind: &dragonv1.GenerateResponse_Progress{Progress: p}})
+		}
 	}
+	if err := s.admit(ctx, note); err != nil {
+		return err
+	}
+	held := time.Now()
+	defer func() { <-s.busy; s.observeHold(time.Since(held)) }()
 	if err := s.acquire(); err != nil {
 		return err
 	}
@@ -230,7 +313,7 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 	s.track(func(st *dragonv1.StatsResponse) { st.Generations++; st.GenerationsActive++ })
 	defer s.track(func(st *dragonv1.StatsResponse) { st.GenerationsActive-- })
 
-	sum, own, err := s.generate(ctx, req, opts, out)
+	sum, own, err := s.generate(ctx, req, opts, out, note)
 	// The answer joins the cache, so the conversation's next turn, or the
 	// same question again, prefills only what it adds.
 	s.dec.Retain()
@@ -264,13 +347,13 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 
 // generate runs the request in its mode; it returns the summary and the
 // device's own passages the answer was decoded over.
-func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker) (session.Summary, []decoder.Passage, error) {
+func (s *Server) generate(ctx context.Context, req session.Request, opts session.Options, out *chunker, note func(*dragonv1.Progress)) (session.Summary, []decoder.Passage, error) {
 	if req.Mode == dragonv1.Mode_MODE_DEVICE_ONLY {
-		return s.alone(ctx, req, opts, out.emit)
+		return s.alone(ctx, req, opts, out.emit, note)
 	}
 	opts.Fallback, opts.StallTimeout = true, cmp.Or(s.cfg.StallTimeout, defaultStallTimeout)
 	opts.OnFallback = func(step int, cause error) { out.fallback(step, cause) }
-	sum, own, err := s.withCloud(ctx, req, opts, out.emit)
+	sum, own, err := s.withCloud(ctx, req, opts, out.emit, note)
 	if err == nil || ctx.Err() != nil || out.sentAny() {
 		return sum, own, err
 	}
@@ -278,17 +361,19 @@ func (s *Server) generate(ctx context.Context, req session.Request, opts session
 	// baseline that cannot go on alone): answer alone from the start.
 	opts.Log.Warn("the cloud failed: answering alone", "err", err)
 	out.fallback(0, err)
-	alone, own, aerr := s.alone(ctx, req, opts, out.emit)
+	alone, own, aerr := s.alone(ctx, req, opts, out.emit, note)
 	alone.BytesSent, alone.BytesReceived = sum.BytesSent, sum.BytesReceived
 	return alone, own, aerr
 }
 
 // alone answers from the device's passages only.
-func (s *Server) alone(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (session.Summary, []decoder.Passage, error) {
+func (s *Server) alone(ctx context.Context, req session.Request, opts session.Options, emit session.Emit, note func(*dragonv1.Progress)) (session.Summary, []decoder.Passage, error) {
+	note(&dragonv1.Progress{Phase: dragonv1.ProgressPhase_PROGRESS_PHASE_RETRIEVING})
 	passages, err := s.retrieve(ctx, req)
 	if err != nil {
 		return session.Summary{}, nil, err
 	}
+	note(&dragonv1.Progress{Phase: dragonv1.ProgressPhase_PROGRESS_PHASE_PREFILLING, PassagesDevice: uint32(len(passages))})
 	sum, err := session.Local(ctx, opts, s.dec, session.Input{Query: req.Query, Passages: passages}, emit)
 	sum.Aggregated[aggregator.Device.Index()] = uint64(len(sum.Tokens))
 	return sum, passages, err
@@ -324,7 +409,7 @@ func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.P
 }
 
 // withCloud runs a generation that uses the cloud, in the request's mode.
-func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit) (_ session.Summary, passages []decoder.Passage, _ error) {
+func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit, note func(*dragonv1.Progress)) (_ session.Summary, passages []decoder.Passage, _ error) {
 	// The Hello and the Begin go out together, and this side retrieves and
 	// prefills while they travel: the cloud starts half a round trip after
 	// the question instead of one and a half, and the first token waits for
@@ -361,8 +446,11 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	}()
 	var localErr error
 	if req.Mode != dragonv1.Mode_MODE_CLOUD_ONLY {
+		note(&dragonv1.Progress{Phase: dragonv1.ProgressPhase_PROGRESS_PHASE_RETRIEVING})
 		passages, localErr = s.retrieve(local, req)
 	}
+	note(&dragonv1.Progress{Phase: dragonv1.ProgressPhase_PROGRESS_PHASE_PREFILLING,
+		PassagesDevice: uint32(len(passages)), PassagesCloud: uint32(req.PassagesCloud)})
 	if localErr == nil && (req.Mode == dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION || req.Mode == dragonv1.Mode_MODE_TOKEN_WISE_SYNC) {
 		if err := s.dec.Start(local, req.Query, passages); err != nil {
 			localErr = fmt.Errorf("device prefill: %w", err)
@@ -374,6 +462,8 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	if hs.err != nil {
 		return session.Summary{}, passages, hs.err
 	}
+	name := hs.peer.GetModelName()
+	s.cloudModel.Store(&name)
 	if localErr != nil {
 		return session.Summary{}, passages, localErr
 	}

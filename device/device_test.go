@@ -3,6 +3,8 @@ package device
 import (
 	"context"
 	"net"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/dragon-rag/dragon/engine/fake"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
 )
 
 // No test may leave a goroutine behind: a client gone mid-stream, a cloud
@@ -37,6 +40,34 @@ type recorder struct {
 
 func (r *recorder) Send(m *dragonv1.GenerateResponse) error { r.sent = append(r.sent, m); return nil }
 func (r *recorder) Context() context.Context                { return r.ctx }
+
+// syncRecorder records a stream that another goroutine reads while it
+// runs; first gets the first message.
+type syncRecorder struct {
+	grpc.ServerStream
+	ctx   context.Context
+	mu    sync.Mutex
+	sent  []*dragonv1.GenerateResponse
+	first chan *dragonv1.GenerateResponse
+}
+
+func (r *syncRecorder) Send(m *dragonv1.GenerateResponse) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.sent) == 0 {
+		r.first <- m
+	}
+	r.sent = append(r.sent, m)
+	return nil
+}
+
+func (r *syncRecorder) Context() context.Context { return r.ctx }
+
+func (r *syncRecorder) all() []*dragonv1.GenerateResponse {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sent)
+}
 
 func (r *recorder) text() string {
 	s := ""
@@ -129,18 +160,51 @@ func TestGenerateDeviceOnlyAndRefusals(t *testing.T) {
 		assert.Equal(t, c.code, status.Code(err), "%s: %v", name, err)
 	}
 
-	// One generation at a time.
+	// One generation at a time; the next waits in a short queue, and one
+	// past its end is refused with a time to retry after.
 	srv.busy <- struct{}{}
+	srv.cfg.MaxQueue = 1
+	queued := &syncRecorder{ctx: context.Background(), first: make(chan *dragonv1.GenerateResponse, 1)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Generate(&dragonv1.GenerateRequest{Prompt: "hi", Progress: true}, queued) }()
+	first := <-queued.first
+	assert.Equal(t, dragonv1.ProgressPhase_PROGRESS_PHASE_QUEUED, first.GetProgress().GetPhase())
+	assert.Equal(t, uint32(1), first.GetProgress().GetQueuePosition())
 	err = srv.Generate(&dragonv1.GenerateRequest{Prompt: "hi"}, &recorder{ctx: context.Background()})
-	assert.Equal(t, codes.ResourceExhausted, status.Code(err))
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "past the queue: %v", err)
+	_, ok := wire.RetryAfter(err)
+	assert.True(t, ok, "with a time to retry after")
 	<-srv.busy
+	require.NoError(t, <-done, "the queued one ran once the slot was free")
+	var phases []dragonv1.ProgressPhase
+	for _, m := range queued.all() {
+		if p := m.GetProgress(); p != nil {
+			phases = append(phases, p.GetPhase())
+		}
+	}
+	assert.Equal(t, []dragonv1.ProgressPhase{dragonv1.ProgressPhase_PROGRESS_PHASE_QUEUED,
+		dragonv1.ProgressPhase_PROGRESS_PHASE_RETRIEVING, dragonv1.ProgressPhase_PROGRESS_PHASE_PREFILLING}, phases)
+	assert.NotNil(t, queued.all()[len(queued.all())-1].GetSummary())
+
+	// A wait in the queue is bounded.
+	srv.busy <- struct{}{}
+	srv.cfg.QueueTimeout = 50 * time.Millisecond
+	err = srv.Generate(&dragonv1.GenerateRequest{Prompt: "hi"}, &recorder{ctx: context.Background()})
+	assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+	<-srv.busy
+	// Without asking, no progress.
+	rec = &recorder{ctx: context.Background()}
+	require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+	for _, m := range rec.sent {
+		assert.Nil(t, m.GetProgress())
+	}
 
 	h, err := srv.Health(context.Background(), &dragonv1.HealthRequest{})
 	require.NoError(t, err)
 	assert.False(t, h.GetCloudConnected())
 	st, err := srv.Stats(context.Background(), &dragonv1.StatsRequest{})
 	require.NoError(t, err)
-	assert.Equal(t, uint64(1), st.GetGenerations())
+	assert.Equal(t, uint64(3), st.GetGenerations(), "the first, the queued one and the last")
 }
 
 // dragonDevice is a device (fake model, dragon mode by default) whose

@@ -340,7 +340,12 @@ func (d *Documents) list(w http.ResponseWriter, r *http.Request) {
 		}
 		size = n
 	}
-	p, err := d.lib.List(size, r.URL.Query().Get("page_token"))
+	order := r.URL.Query().Get("order")
+	if order != "" && order != "source" && order != "recent" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "bad_order", fmt.Sprintf("order %q: source or recent", order))
+		return
+	}
+	p, err := d.lib.List(size, r.URL.Query().Get("page_token"), order == "recent")
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "bad_page_token", err.Error())
 		return
@@ -571,7 +576,7 @@ func (d *Documents) ListDocuments(ctx context.Context, req *dragonv1.ListDocumen
 	if req.GetPageSize() > library.MaxPageSize {
 		return nil, status.Errorf(codes.InvalidArgument, "page_size %d: at most %d", req.GetPageSize(), library.MaxPageSize)
 	}
-	p, err := d.lib.List(int(req.GetPageSize()), req.GetPageToken())
+	p, err := d.lib.List(int(req.GetPageSize()), req.GetPageToken(), req.GetRecentFirst())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -9,6 +9,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -20,6 +22,7 @@ import (
 	"github.com/dragon-rag/dragon/aggregator"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/wire"
 )
 
 // OpenAI is an OpenAI-compatible HTTP front end of the device
@@ -79,6 +82,9 @@ func writeStatus(w http.ResponseWriter, err error) {
 		code, typ = http.StatusBadRequest, "invalid_request_error"
 	case codes.ResourceExhausted:
 		code, typ = http.StatusTooManyRequests, "rate_limit_error"
+		if d, ok := wire.RetryAfter(err); ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(d.Seconds()))))
+		}
 	case codes.Unavailable:
 		code = http.StatusServiceUnavailable
 	case codes.DeadlineExceeded:
@@ -93,10 +99,40 @@ func writeStatus(w http.ResponseWriter, err error) {
 
 func (o *OpenAI) auth(h http.HandlerFunc) http.HandlerFunc { return bearer(o.token, h) }
 
+// crossOrigin says why a request comes from another origin's page, or ""
+// when it does not: browsers name the page's origin (Origin) on every
+// cross-origin request and on same-origin POSTs, and mark what another
+// site started (Sec-Fetch-Site); clients that are not browsers send
+// neither.
+func crossOrigin(r *http.Request) string {
+	if site := r.Header.Get("Sec-Fetch-Site"); site == "cross-site" || site == "same-site" {
+		return "a request from another site's page is refused (Sec-Fetch-Site: " + site + ")"
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return ""
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" || !strings.EqualFold(u.Host, r.Host) {
+		return fmt.Sprintf("a request from another origin's page (%.100q) is refused", origin)
+	}
+	return ""
+}
+
+// Guard is bearer's check for handlers outside this package (the page's
+// status endpoint).
+func Guard(token string, h http.HandlerFunc) http.HandlerFunc { return bearer(token, h) }
+
 // bearer guards h with an API key, when token is set: requests must carry
-// "Authorization: Bearer <token>".
+// "Authorization: Bearer <token>". A request a browser sends from another
+// site's page is refused, token or not: the device's page calls from its
+// own origin, and no other page may use a browser to reach the device.
 func bearer(token string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if why := crossOrigin(r); why != "" {
+			writeError(w, http.StatusForbidden, "invalid_request_error", "cross_origin", why)
+			return
+		}
 		if token != "" {
 			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
@@ -208,6 +244,9 @@ type options struct {
 	// CloudFilter the cloud's.
 	Filter      *filterJSON `json:"filter"`
 	CloudFilter *filterJSON `json:"cloud_filter"`
+	// Progress, with stream, sends what the generation does before its
+	// first token as events of no choices and a dragon_progress object.
+	Progress bool `json:"progress"`
 }
 
 // filterJSON is a RetrievalFilter in the API: dates as RFC 3339 times or
@@ -321,7 +360,7 @@ func (o *OpenAI) request(opts options, prompt, system string) (*dragonv1.Generat
 	} else {
 		sp.Seed = rand.Uint64()
 	}
-	g := &dragonv1.GenerateRequest{Prompt: prompt, System: system, Sampling: sp}
+	g := &dragonv1.GenerateRequest{Prompt: prompt, System: system, Sampling: sp, Progress: opts.Progress && opts.Stream}
 	if opts.Mode != "" {
 		m, err := session.ParseModeName(opts.Mode)
 		if err != nil {
@@ -579,11 +618,22 @@ func (o *OpenAI) run(w http.ResponseWriter, r *http.Request, opts options, g *dr
 			sum, use = s, o.usage(g, int(s.GetTokens()))
 			return nil
 		}
+		if p := m.GetProgress(); p != nil {
+			err := event(nil, map[string]any{"dragon_progress": NewProgressJSON(p)})
+			started = true
+			return err
+		}
 		text := m.GetChunk().GetText()
-		if text == "" && started {
+		var more map[string]any
+		if m.GetChunk().GetFallback() {
+			// The device answers alone from here: a page says so now,
+			// not only in the summary.
+			more = map[string]any{"dragon_fallback": true}
+		}
+		if text == "" && started && more == nil {
 			return nil
 		}
-		err := event(delta(text, !started), nil)
+		err := event(delta(text, !started), more)
 		started = true
 		return err
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -186,9 +187,15 @@ func TestOpenAIErrors(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode, name)
 	}
 
+	// No queue: the second generation is refused at once, with the time to
+	// retry after in seconds.
 	srv.busy <- struct{}{}
+	srv.cfg.MaxQueue = -1
 	_, err = c.Chat.Completions.New(ctx, ok)
 	assert.Equal(t, http.StatusTooManyRequests, status(err), "one generation at a time")
+	var apiErr *openai.Error
+	require.ErrorAs(t, err, &apiErr)
+	assert.Regexp(t, `^[1-9][0-9]*$`, apiErr.Response.Header.Get("Retry-After"))
 	<-srv.busy
 
 	res, err := c.Chat.Completions.New(ctx, ok)
@@ -335,4 +342,43 @@ func TestOpenAIChatHistoryReachesPrompt(t *testing.T) {
 	assert.Contains(t, prompt.String(), "<|im_start|>system\nBe brief.<|im_end|>\n"+
 		"<|im_start|>user\nQuestion: Who lit the lamp?<|im_end|>\n<|im_start|>assistant\nThe keeper.<|im_end|>\n"+
 		"<|im_start|>user\nQuestion: When?<|im_end|>\n<|im_start|>assistant\n")
+}
+
+// A browser request from another site's page is refused, whatever it
+// carries; the device's own page, and clients that are not browsers, are
+// served.
+func TestCrossOriginRefused(t *testing.T) {
+	hs, _ := apiServer(t)
+	host := strings.TrimPrefix(hs.URL, "http://")
+	body := `{"model":"` + testModel + `","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	for name, c := range map[string]struct {
+		header map[string]string
+		want   int
+	}{
+		"no origin (an app)":         {nil, http.StatusOK},
+		"the device's own page":      {map[string]string{"Origin": "http://" + host, "Sec-Fetch-Site": "same-origin"}, http.StatusOK},
+		"another site's page":        {map[string]string{"Origin": "http://evil.example"}, http.StatusForbidden},
+		"another port of this host":  {map[string]string{"Origin": "http://127.0.0.1:1"}, http.StatusForbidden},
+		"a form from another site":   {map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		"a sandboxed page":           {map[string]string{"Origin": "null"}, http.StatusForbidden},
+		"another site, right token":  {map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		"the same site, another app": {map[string]string{"Sec-Fetch-Site": "same-site"}, http.StatusForbidden},
+	} {
+		req, err := http.NewRequest(http.MethodPost, hs.URL+"/v1/chat/completions", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer sk-test")
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range c.header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		assert.Equal(t, c.want, resp.StatusCode, "%s: %v", name, out)
+		if c.want == http.StatusForbidden {
+			assert.Contains(t, fmt.Sprint(out["error"]), "refused", name)
+		}
+	}
 }

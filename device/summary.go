@@ -1,6 +1,7 @@
 package device
 
 import (
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -161,4 +162,22 @@ func finishReasonName(f dragonv1.FinishReason) string {
 		return "cancelled"
 	}
 	return "unknown"
+}
+
+// ProgressJSON is a dragon.v1.Progress in the OpenAI stream's
+// dragon_progress events.
+type ProgressJSON struct {
+	// Phase is "queued", "retrieving" or "prefilling".
+	Phase          string `json:"phase"`
+	PassagesDevice uint32 `json:"passages_device,omitempty"`
+	PassagesCloud  uint32 `json:"passages_cloud,omitempty"`
+	QueuePosition  uint32 `json:"queue_position,omitempty"`
+}
+
+// NewProgressJSON maps p to its JSON form.
+func NewProgressJSON(p *dragonv1.Progress) ProgressJSON {
+	return ProgressJSON{
+		Phase:          strings.ToLower(strings.TrimPrefix(p.GetPhase().String(), "PROGRESS_PHASE_")),
+		PassagesDevice: p.GetPassagesDevice(), PassagesCloud: p.GetPassagesCloud(), QueuePosition: p.GetQueuePosition(),
+	}
 }

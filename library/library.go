@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -324,8 +325,9 @@ type Page struct {
 const MaxPageSize = 1000
 
 // List returns up to size documents (0: 100) after the page token (the
-// index of the next document, as a decimal), by source.
-func (l *Library) List(size int, token string) (Page, error) {
+// index of the next document, as a decimal), by source or, recentFirst,
+// the most recently added first.
+func (l *Library) List(size int, token string, recentFirst bool) (Page, error) {
 	if size <= 0 {
 		size = 100
 	}
@@ -339,6 +341,9 @@ func (l *Library) List(size int, token string) (Page, error) {
 		start = n
 	}
 	all := l.ix.Documents()
+	if recentFirst {
+		slices.SortStableFunc(all, func(a, b retrieval.DocInfo) int { return b.Added.Compare(a.Added) })
+	}
 	start = min(start, len(all))
 	end := min(start+size, len(all))
 	p := Page{Documents: all[start:end], Total: len(all)}

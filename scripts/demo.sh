@@ -68,3 +68,13 @@ for q in "${questions[@]}"; do
   echo "Q: $q"
   bin/dragon ask --device 127.0.0.1:7071 "$q"
 done
+
+page=http://127.0.0.1:8080/
+echo
+echo "The device's page: $page (ask, add your documents, see each answer's sources)."
+if [ -t 0 ] && [ -t 1 ] && [ -z "${CI:-}" ]; then
+  echo "The daemons keep running for it; Ctrl-C stops them."
+  wait
+else
+  echo "(From a terminal, make run keeps the daemons up for the page until Ctrl-C.)"
+fi

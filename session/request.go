@@ -48,6 +48,15 @@ func ParseModeName(s string) (dragonv1.Mode, error) {
 	return 0, fmt.Errorf("unknown mode %q (want %s)", s, strings.Join(names, ", "))
 }
 
+// ModeNames are the modes' names, as ParseModeName takes them.
+func ModeNames() []string {
+	out := make([]string, len(modeNames))
+	for i, m := range modeNames {
+		out[i] = m.name
+	}
+	return out
+}
+
 // ModeName is a mode's name.
 func ModeName(m dragonv1.Mode) string {
 	for _, n := range modeNames {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/dragon-rag/dragon/library"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/webui"
 	"github.com/dragon-rag/dragon/wire"
 )
 
@@ -31,6 +33,8 @@ func newDeviceCmd() *cobra.Command {
 		mode          string
 		cloudTimeout  time.Duration
 		idleUnload    time.Duration
+		maxQueue      int
+		queueTimeout  time.Duration
 		modelID       string
 		maxUploadMB   int
 		watch         []string
@@ -56,6 +60,9 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			if cloudPassages < 0 || cloudPassages > f.maxPassages {
 				return fmt.Errorf("--cloud-passages %d: need 0 ≤ cloud-passages ≤ max-passages %d", cloudPassages, f.maxPassages)
 			}
+			if queueTimeout <= 0 || maxQueue < 0 {
+				return fmt.Errorf("--queue-timeout %v, --max-queue %d: need a positive wait and a queue of 0 or more", queueTimeout, maxQueue)
+			}
 			if idleUnload < 0 {
 				return fmt.Errorf("--idle-unload %v: need 0 (never) or more", idleUnload)
 			}
@@ -67,7 +74,10 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			defer s.close()
 			// --memory-mb may have lowered --max-passages.
 			cloudPassages = min(cloudPassages, f.maxPassages)
-			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout, IdleUnload: idleUnload}
+			if maxQueue == 0 {
+				maxQueue = -1 // the flag's 0 means no queue
+			}
+			cfg := device.Config{SideConfig: s.config(log), StallTimeout: cloudTimeout, IdleUnload: idleUnload, MaxQueue: maxQueue, QueueTimeout: queueTimeout}
 			cloudState := func() string { return "none (device-only)" }
 			cfg.Defaults = session.Defaults{MaxTokens: f.maxTokens, PassagesDevice: f.passages, PassagesCloud: cloudPassages, Mode: def, PosteriorEvery: f.posteriorEvery}
 			if cloudAddr != "" {
@@ -115,6 +125,18 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				modelID = strings.TrimSuffix(filepath.Base(f.model), ".gguf")
 			}
 			device.NewOpenAI(srv, modelID, f.grpc.Token).Register(h.mux)
+			defaults := webui.Defaults{Mode: session.ModeName(cfg.Defaults.Mode), PassagesDevice: cfg.Defaults.PassagesDevice,
+				PassagesCloud: cfg.Defaults.PassagesCloud, MaxTokens: cfg.Defaults.MaxTokens}
+			webui.Register(h.mux, webui.Config{
+				Guard: func(h http.HandlerFunc) http.HandlerFunc { return device.Guard(f.grpc.Token, h) },
+				Status: func() webui.Status {
+					return webui.Status{
+						DeviceModel: modelID, Generating: srv.Generating(), Queued: srv.Queued(), Documents: s.index != nil,
+						Cloud:    webui.CloudStatus{Configured: cloudAddr != "", State: cloudState(), Model: srv.CloudModel()},
+						Defaults: defaults, Modes: session.ModeNames(),
+					}
+				},
+			})
 			var docs *device.Documents
 			if s.index == nil && len(watch) > 0 {
 				return errors.New("--watch needs a local --index to keep in sync")
@@ -161,6 +183,8 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits (0: no budget; see deploy/phone/README.md)")
 	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
 	fs.StringArrayVar(&watch, "watch", nil, "keep this folder's files in the index: new, changed and removed files within seconds, and what changed while the daemon was down (repeatable)")
+	fs.IntVar(&maxQueue, "max-queue", 4, "generations that may wait while one is generated (the page and an app asking at once); beyond, refused with a time to retry after (0: none)")
+	fs.DurationVar(&queueTimeout, "queue-timeout", 2*time.Minute, "longest wait in that queue")
 	fs.DurationVar(&idleUnload, "idle-unload", 0, "after this long without a request, free the model and its context (memory goes back to the OS); the next request loads them back (0: never)")
 	peer.RegisterFlags(fs, "cloud-") // --cloud-token may also come from $DRAGON_CLOUD_TOKEN
 	return cmd

@@ -22,6 +22,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ProgressPhase int32
+
+const (
+	ProgressPhase_PROGRESS_PHASE_UNSPECIFIED ProgressPhase = 0
+	// Waiting for the generation before it to end.
+	ProgressPhase_PROGRESS_PHASE_QUEUED ProgressPhase = 1
+	// Finding the device's passages (the cloud finds its own meanwhile).
+	ProgressPhase_PROGRESS_PHASE_RETRIEVING ProgressPhase = 2
+	// Reading the passages into each side's model.
+	ProgressPhase_PROGRESS_PHASE_PREFILLING ProgressPhase = 3
+)
+
+// Enum value maps for ProgressPhase.
+var (
+	ProgressPhase_name = map[int32]string{
+		0: "PROGRESS_PHASE_UNSPECIFIED",
+		1: "PROGRESS_PHASE_QUEUED",
+		2: "PROGRESS_PHASE_RETRIEVING",
+		3: "PROGRESS_PHASE_PREFILLING",
+	}
+	ProgressPhase_value = map[string]int32{
+		"PROGRESS_PHASE_UNSPECIFIED": 0,
+		"PROGRESS_PHASE_QUEUED":      1,
+		"PROGRESS_PHASE_RETRIEVING":  2,
+		"PROGRESS_PHASE_PREFILLING":  3,
+	}
+)
+
+func (x ProgressPhase) Enum() *ProgressPhase {
+	p := new(ProgressPhase)
+	*p = x
+	return p
+}
+
+func (x ProgressPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProgressPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_dragon_v1_device_proto_enumTypes[0].Descriptor()
+}
+
+func (ProgressPhase) Type() protoreflect.EnumType {
+	return &file_dragon_v1_device_proto_enumTypes[0]
+}
+
+func (x ProgressPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProgressPhase.Descriptor instead.
+func (ProgressPhase) EnumDescriptor() ([]byte, []int) {
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{0}
+}
+
 // FinishReason says why a generation ended.
 type FinishReason int32
 
@@ -66,11 +121,11 @@ func (x FinishReason) String() string {
 }
 
 func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_dragon_v1_device_proto_enumTypes[0].Descriptor()
+	return file_dragon_v1_device_proto_enumTypes[1].Descriptor()
 }
 
 func (FinishReason) Type() protoreflect.EnumType {
-	return &file_dragon_v1_device_proto_enumTypes[0]
+	return &file_dragon_v1_device_proto_enumTypes[1]
 }
 
 func (x FinishReason) Number() protoreflect.EnumNumber {
@@ -79,7 +134,7 @@ func (x FinishReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinishReason.Descriptor instead.
 func (FinishReason) EnumDescriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{0}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{1}
 }
 
 // GenerateRequest is one prompt.
@@ -139,7 +194,10 @@ type GenerateRequest struct {
 	// on the device.
 	Filter *RetrievalFilter `protobuf:"bytes,19,opt,name=filter,proto3" json:"filter,omitempty"`
 	// Narrows the cloud's retrieval; sent to the cloud.
-	CloudFilter   *RetrievalFilter `protobuf:"bytes,20,opt,name=cloud_filter,json=cloudFilter,proto3" json:"cloud_filter,omitempty"`
+	CloudFilter *RetrievalFilter `protobuf:"bytes,20,opt,name=cloud_filter,json=cloudFilter,proto3" json:"cloud_filter,omitempty"`
+	// Send Progress messages while the first token is being computed (a
+	// page shows what is happening: queued, retrieving, prefilling).
+	Progress      bool `protobuf:"varint,21,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -314,13 +372,22 @@ func (x *GenerateRequest) GetCloudFilter() *RetrievalFilter {
 	return nil
 }
 
-// GenerateResponse is a chunk of the answer or, last, the summary.
+func (x *GenerateRequest) GetProgress() bool {
+	if x != nil {
+		return x.Progress
+	}
+	return false
+}
+
+// GenerateResponse is a chunk of the answer, what the generation is doing
+// before its first token (when asked), or, last, the summary.
 type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
 	//
 	//	*GenerateResponse_Chunk
 	//	*GenerateResponse_Summary
+	//	*GenerateResponse_Progress
 	Kind          isGenerateResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -381,6 +448,15 @@ func (x *GenerateResponse) GetSummary() *GenerateSummary {
 	return nil
 }
 
+func (x *GenerateResponse) GetProgress() *Progress {
+	if x != nil {
+		if x, ok := x.Kind.(*GenerateResponse_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
 type isGenerateResponse_Kind interface {
 	isGenerateResponse_Kind()
 }
@@ -393,9 +469,87 @@ type GenerateResponse_Summary struct {
 	Summary *GenerateSummary `protobuf:"bytes,2,opt,name=summary,proto3,oneof"`
 }
 
+type GenerateResponse_Progress struct {
+	Progress *Progress `protobuf:"bytes,3,opt,name=progress,proto3,oneof"`
+}
+
 func (*GenerateResponse_Chunk) isGenerateResponse_Kind() {}
 
 func (*GenerateResponse_Summary) isGenerateResponse_Kind() {}
+
+func (*GenerateResponse_Progress) isGenerateResponse_Kind() {}
+
+// Progress is what a generation does before its first token.
+type Progress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Phase ProgressPhase          `protobuf:"varint,1,opt,name=phase,proto3,enum=dragon.v1.ProgressPhase" json:"phase,omitempty"`
+	// PREFILLING: the passages the device decodes over, and those asked of
+	// the cloud (0 when it takes no part).
+	PassagesDevice uint32 `protobuf:"varint,2,opt,name=passages_device,json=passagesDevice,proto3" json:"passages_device,omitempty"`
+	PassagesCloud  uint32 `protobuf:"varint,3,opt,name=passages_cloud,json=passagesCloud,proto3" json:"passages_cloud,omitempty"`
+	// QUEUED: generations ahead of this one, the one running included.
+	QueuePosition uint32 `protobuf:"varint,4,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Progress) Reset() {
+	*x = Progress{}
+	mi := &file_dragon_v1_device_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Progress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Progress) ProtoMessage() {}
+
+func (x *Progress) ProtoReflect() protoreflect.Message {
+	mi := &file_dragon_v1_device_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Progress.ProtoReflect.Descriptor instead.
+func (*Progress) Descriptor() ([]byte, []int) {
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Progress) GetPhase() ProgressPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return ProgressPhase_PROGRESS_PHASE_UNSPECIFIED
+}
+
+func (x *Progress) GetPassagesDevice() uint32 {
+	if x != nil {
+		return x.PassagesDevice
+	}
+	return 0
+}
+
+func (x *Progress) GetPassagesCloud() uint32 {
+	if x != nil {
+		return x.PassagesCloud
+	}
+	return 0
+}
+
+func (x *Progress) GetQueuePosition() uint32 {
+	if x != nil {
+		return x.QueuePosition
+	}
+	return 0
+}
 
 // TokenChunk carries tokens decided since the previous chunk.
 type TokenChunk struct {
@@ -415,7 +569,7 @@ type TokenChunk struct {
 
 func (x *TokenChunk) Reset() {
 	*x = TokenChunk{}
-	mi := &file_dragon_v1_device_proto_msgTypes[2]
+	mi := &file_dragon_v1_device_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -427,7 +581,7 @@ func (x *TokenChunk) String() string {
 func (*TokenChunk) ProtoMessage() {}
 
 func (x *TokenChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[2]
+	mi := &file_dragon_v1_device_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -440,7 +594,7 @@ func (x *TokenChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenChunk.ProtoReflect.Descriptor instead.
 func (*TokenChunk) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{2}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TokenChunk) GetStep() uint64 {
@@ -556,7 +710,7 @@ type GenerateSummary struct {
 
 func (x *GenerateSummary) Reset() {
 	*x = GenerateSummary{}
-	mi := &file_dragon_v1_device_proto_msgTypes[3]
+	mi := &file_dragon_v1_device_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +722,7 @@ func (x *GenerateSummary) String() string {
 func (*GenerateSummary) ProtoMessage() {}
 
 func (x *GenerateSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[3]
+	mi := &file_dragon_v1_device_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +735,7 @@ func (x *GenerateSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateSummary.ProtoReflect.Descriptor instead.
 func (*GenerateSummary) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{3}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GenerateSummary) GetFinishReason() FinishReason {
@@ -893,7 +1047,7 @@ type Trace struct {
 
 func (x *Trace) Reset() {
 	*x = Trace{}
-	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	mi := &file_dragon_v1_device_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1059,7 @@ func (x *Trace) String() string {
 func (*Trace) ProtoMessage() {}
 
 func (x *Trace) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[4]
+	mi := &file_dragon_v1_device_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1072,7 @@ func (x *Trace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Trace.ProtoReflect.Descriptor instead.
 func (*Trace) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{4}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Trace) GetDecodeMsDevice() []float64 {
@@ -958,7 +1112,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_dragon_v1_device_proto_msgTypes[5]
+	mi := &file_dragon_v1_device_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -970,7 +1124,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[5]
+	mi := &file_dragon_v1_device_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -983,7 +1137,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{5}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{6}
 }
 
 // HealthResponse reports the daemon's health.
@@ -1002,7 +1156,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_dragon_v1_device_proto_msgTypes[6]
+	mi := &file_dragon_v1_device_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1168,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[6]
+	mi := &file_dragon_v1_device_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1181,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{6}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HealthResponse) GetServing() bool {
@@ -1074,7 +1228,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_dragon_v1_device_proto_msgTypes[7]
+	mi := &file_dragon_v1_device_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1240,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[7]
+	mi := &file_dragon_v1_device_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1253,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{7}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{8}
 }
 
 // StatsResponse holds counters since the daemon started.
@@ -1126,7 +1280,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_dragon_v1_device_proto_msgTypes[8]
+	mi := &file_dragon_v1_device_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1292,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_dragon_v1_device_proto_msgTypes[8]
+	mi := &file_dragon_v1_device_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1305,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_dragon_v1_device_proto_rawDescGZIP(), []int{8}
+	return file_dragon_v1_device_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StatsResponse) GetUptime() *durationpb.Duration {
@@ -1256,7 +1410,7 @@ var File_dragon_v1_device_proto protoreflect.FileDescriptor
 
 const file_dragon_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd6\x06\n" +
+	"\x16dragon/v1/device.proto\x12\tdragon.v1\x1a\x14dragon/v1/peer.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf2\x06\n" +
 	"\x0fGenerateRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12\x16\n" +
 	"\x06system\x18\x02 \x01(\tR\x06system\x125\n" +
@@ -1282,12 +1436,19 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\fomit_sources\x18\x11 \x01(\bR\vomitSources\x12,\n" +
 	"\x0fposterior_every\x18\x12 \x01(\rH\x00R\x0eposteriorEvery\x88\x01\x01\x122\n" +
 	"\x06filter\x18\x13 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\x06filter\x12=\n" +
-	"\fcloud_filter\x18\x14 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\vcloudFilterB\x12\n" +
-	"\x10_posterior_every\"\x81\x01\n" +
+	"\fcloud_filter\x18\x14 \x01(\v2\x1a.dragon.v1.RetrievalFilterR\vcloudFilter\x12\x1a\n" +
+	"\bprogress\x18\x15 \x01(\bR\bprogressB\x12\n" +
+	"\x10_posterior_every\"\xb4\x01\n" +
 	"\x10GenerateResponse\x12-\n" +
 	"\x05chunk\x18\x01 \x01(\v2\x15.dragon.v1.TokenChunkH\x00R\x05chunk\x126\n" +
-	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummaryB\x06\n" +
-	"\x04kind\"h\n" +
+	"\asummary\x18\x02 \x01(\v2\x1a.dragon.v1.GenerateSummaryH\x00R\asummary\x121\n" +
+	"\bprogress\x18\x03 \x01(\v2\x13.dragon.v1.ProgressH\x00R\bprogressB\x06\n" +
+	"\x04kind\"\xb1\x01\n" +
+	"\bProgress\x12.\n" +
+	"\x05phase\x18\x01 \x01(\x0e2\x18.dragon.v1.ProgressPhaseR\x05phase\x12'\n" +
+	"\x0fpassages_device\x18\x02 \x01(\rR\x0epassagesDevice\x12%\n" +
+	"\x0epassages_cloud\x18\x03 \x01(\rR\rpassagesCloud\x12%\n" +
+	"\x0equeue_position\x18\x04 \x01(\rR\rqueuePosition\"h\n" +
 	"\n" +
 	"TokenChunk\x12\x12\n" +
 	"\x04step\x18\x01 \x01(\x04R\x04step\x12\x16\n" +
@@ -1369,7 +1530,12 @@ const file_dragon_v1_device_proto_rawDesc = "" +
 	"\x03rtt\x18\v \x01(\v2\x19.google.protobuf.DurationR\x03rtt\x12;\n" +
 	"\x1abandwidth_bytes_per_second\x18\f \x01(\x01R\x17bandwidthBytesPerSecond\x12G\n" +
 	"\x12decode_time_device\x18\r \x01(\v2\x19.google.protobuf.DurationR\x10decodeTimeDevice\x12E\n" +
-	"\x11decode_time_cloud\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x0fdecodeTimeCloud*\x9c\x01\n" +
+	"\x11decode_time_cloud\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\x0fdecodeTimeCloud*\x88\x01\n" +
+	"\rProgressPhase\x12\x1e\n" +
+	"\x1aPROGRESS_PHASE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15PROGRESS_PHASE_QUEUED\x10\x01\x12\x1d\n" +
+	"\x19PROGRESS_PHASE_RETRIEVING\x10\x02\x12\x1d\n" +
+	"\x19PROGRESS_PHASE_PREFILLING\x10\x03*\x9c\x01\n" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
@@ -1393,62 +1559,66 @@ func file_dragon_v1_device_proto_rawDescGZIP() []byte {
 	return file_dragon_v1_device_proto_rawDescData
 }
 
-var file_dragon_v1_device_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dragon_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dragon_v1_device_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_dragon_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_dragon_v1_device_proto_goTypes = []any{
-	(FinishReason)(0),           // 0: dragon.v1.FinishReason
-	(*GenerateRequest)(nil),     // 1: dragon.v1.GenerateRequest
-	(*GenerateResponse)(nil),    // 2: dragon.v1.GenerateResponse
-	(*TokenChunk)(nil),          // 3: dragon.v1.TokenChunk
-	(*GenerateSummary)(nil),     // 4: dragon.v1.GenerateSummary
-	(*Trace)(nil),               // 5: dragon.v1.Trace
-	(*HealthRequest)(nil),       // 6: dragon.v1.HealthRequest
-	(*HealthResponse)(nil),      // 7: dragon.v1.HealthResponse
-	(*StatsRequest)(nil),        // 8: dragon.v1.StatsRequest
-	(*StatsResponse)(nil),       // 9: dragon.v1.StatsResponse
-	(*SamplingParams)(nil),      // 10: dragon.v1.SamplingParams
-	(Mode)(0),                   // 11: dragon.v1.Mode
-	(Strategy)(0),               // 12: dragon.v1.Strategy
-	(Side)(0),                   // 13: dragon.v1.Side
-	(*ChatTurn)(nil),            // 14: dragon.v1.ChatTurn
-	(*RetrievalFilter)(nil),     // 15: dragon.v1.RetrievalFilter
-	(*durationpb.Duration)(nil), // 16: google.protobuf.Duration
-	(*Source)(nil),              // 17: dragon.v1.Source
+	(ProgressPhase)(0),          // 0: dragon.v1.ProgressPhase
+	(FinishReason)(0),           // 1: dragon.v1.FinishReason
+	(*GenerateRequest)(nil),     // 2: dragon.v1.GenerateRequest
+	(*GenerateResponse)(nil),    // 3: dragon.v1.GenerateResponse
+	(*Progress)(nil),            // 4: dragon.v1.Progress
+	(*TokenChunk)(nil),          // 5: dragon.v1.TokenChunk
+	(*GenerateSummary)(nil),     // 6: dragon.v1.GenerateSummary
+	(*Trace)(nil),               // 7: dragon.v1.Trace
+	(*HealthRequest)(nil),       // 8: dragon.v1.HealthRequest
+	(*HealthResponse)(nil),      // 9: dragon.v1.HealthResponse
+	(*StatsRequest)(nil),        // 10: dragon.v1.StatsRequest
+	(*StatsResponse)(nil),       // 11: dragon.v1.StatsResponse
+	(*SamplingParams)(nil),      // 12: dragon.v1.SamplingParams
+	(Mode)(0),                   // 13: dragon.v1.Mode
+	(Strategy)(0),               // 14: dragon.v1.Strategy
+	(Side)(0),                   // 15: dragon.v1.Side
+	(*ChatTurn)(nil),            // 16: dragon.v1.ChatTurn
+	(*RetrievalFilter)(nil),     // 17: dragon.v1.RetrievalFilter
+	(*durationpb.Duration)(nil), // 18: google.protobuf.Duration
+	(*Source)(nil),              // 19: dragon.v1.Source
 }
 var file_dragon_v1_device_proto_depIdxs = []int32{
-	10, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
-	11, // 1: dragon.v1.GenerateRequest.mode:type_name -> dragon.v1.Mode
-	12, // 2: dragon.v1.GenerateRequest.strategy:type_name -> dragon.v1.Strategy
-	13, // 3: dragon.v1.GenerateRequest.aggregator:type_name -> dragon.v1.Side
-	14, // 4: dragon.v1.GenerateRequest.history:type_name -> dragon.v1.ChatTurn
-	15, // 5: dragon.v1.GenerateRequest.filter:type_name -> dragon.v1.RetrievalFilter
-	15, // 6: dragon.v1.GenerateRequest.cloud_filter:type_name -> dragon.v1.RetrievalFilter
-	3,  // 7: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
-	4,  // 8: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
-	0,  // 9: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
-	11, // 10: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
-	16, // 11: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
-	16, // 12: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
-	16, // 13: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
-	16, // 14: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
-	16, // 15: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
-	5,  // 16: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
-	17, // 17: dragon.v1.GenerateSummary.sources:type_name -> dragon.v1.Source
-	16, // 18: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
-	16, // 19: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
-	16, // 20: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
-	16, // 21: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
-	1,  // 22: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
-	6,  // 23: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
-	8,  // 24: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
-	2,  // 25: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
-	7,  // 26: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
-	9,  // 27: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
-	25, // [25:28] is the sub-list for method output_type
-	22, // [22:25] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	12, // 0: dragon.v1.GenerateRequest.sampling:type_name -> dragon.v1.SamplingParams
+	13, // 1: dragon.v1.GenerateRequest.mode:type_name -> dragon.v1.Mode
+	14, // 2: dragon.v1.GenerateRequest.strategy:type_name -> dragon.v1.Strategy
+	15, // 3: dragon.v1.GenerateRequest.aggregator:type_name -> dragon.v1.Side
+	16, // 4: dragon.v1.GenerateRequest.history:type_name -> dragon.v1.ChatTurn
+	17, // 5: dragon.v1.GenerateRequest.filter:type_name -> dragon.v1.RetrievalFilter
+	17, // 6: dragon.v1.GenerateRequest.cloud_filter:type_name -> dragon.v1.RetrievalFilter
+	5,  // 7: dragon.v1.GenerateResponse.chunk:type_name -> dragon.v1.TokenChunk
+	6,  // 8: dragon.v1.GenerateResponse.summary:type_name -> dragon.v1.GenerateSummary
+	4,  // 9: dragon.v1.GenerateResponse.progress:type_name -> dragon.v1.Progress
+	0,  // 10: dragon.v1.Progress.phase:type_name -> dragon.v1.ProgressPhase
+	1,  // 11: dragon.v1.GenerateSummary.finish_reason:type_name -> dragon.v1.FinishReason
+	13, // 12: dragon.v1.GenerateSummary.mode:type_name -> dragon.v1.Mode
+	18, // 13: dragon.v1.GenerateSummary.ttft:type_name -> google.protobuf.Duration
+	18, // 14: dragon.v1.GenerateSummary.token_latency_mean:type_name -> google.protobuf.Duration
+	18, // 15: dragon.v1.GenerateSummary.token_latency_p50:type_name -> google.protobuf.Duration
+	18, // 16: dragon.v1.GenerateSummary.token_latency_p95:type_name -> google.protobuf.Duration
+	18, // 17: dragon.v1.GenerateSummary.total:type_name -> google.protobuf.Duration
+	7,  // 18: dragon.v1.GenerateSummary.trace:type_name -> dragon.v1.Trace
+	19, // 19: dragon.v1.GenerateSummary.sources:type_name -> dragon.v1.Source
+	18, // 20: dragon.v1.StatsResponse.uptime:type_name -> google.protobuf.Duration
+	18, // 21: dragon.v1.StatsResponse.rtt:type_name -> google.protobuf.Duration
+	18, // 22: dragon.v1.StatsResponse.decode_time_device:type_name -> google.protobuf.Duration
+	18, // 23: dragon.v1.StatsResponse.decode_time_cloud:type_name -> google.protobuf.Duration
+	2,  // 24: dragon.v1.DeviceService.Generate:input_type -> dragon.v1.GenerateRequest
+	8,  // 25: dragon.v1.DeviceService.Health:input_type -> dragon.v1.HealthRequest
+	10, // 26: dragon.v1.DeviceService.Stats:input_type -> dragon.v1.StatsRequest
+	3,  // 27: dragon.v1.DeviceService.Generate:output_type -> dragon.v1.GenerateResponse
+	9,  // 28: dragon.v1.DeviceService.Health:output_type -> dragon.v1.HealthResponse
+	11, // 29: dragon.v1.DeviceService.Stats:output_type -> dragon.v1.StatsResponse
+	27, // [27:30] is the sub-list for method output_type
+	24, // [24:27] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_dragon_v1_device_proto_init() }
@@ -1461,14 +1631,15 @@ func file_dragon_v1_device_proto_init() {
 	file_dragon_v1_device_proto_msgTypes[1].OneofWrappers = []any{
 		(*GenerateResponse_Chunk)(nil),
 		(*GenerateResponse_Summary)(nil),
+		(*GenerateResponse_Progress)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dragon_v1_device_proto_rawDesc), len(file_dragon_v1_device_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   9,
+			NumEnums:      2,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

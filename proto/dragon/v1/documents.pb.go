@@ -581,7 +581,9 @@ type ListDocumentsRequest struct {
 	// At most this many (0: 100; at most 1000).
 	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The last response's next_page_token, to go on.
-	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// The most recently added first, rather than by source.
+	RecentFirst   bool `protobuf:"varint,3,opt,name=recent_first,json=recentFirst,proto3" json:"recent_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -628,6 +630,13 @@ func (x *ListDocumentsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListDocumentsRequest) GetRecentFirst() bool {
+	if x != nil {
+		return x.RecentFirst
+	}
+	return false
 }
 
 type ListDocumentsResponse struct {
@@ -893,11 +902,12 @@ const file_dragon_v1_documents_proto_rawDesc = "" +
 	"\n" +
 	"\bdocument\"C\n" +
 	"\x16DeleteDocumentResponse\x12)\n" +
-	"\x10passages_removed\x18\x01 \x01(\rR\x0fpassagesRemoved\"R\n" +
+	"\x10passages_removed\x18\x01 \x01(\rR\x0fpassagesRemoved\"u\n" +
 	"\x14ListDocumentsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"\x88\x01\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12!\n" +
+	"\frecent_first\x18\x03 \x01(\bR\vrecentFirst\"\x88\x01\n" +
 	"\x15ListDocumentsResponse\x121\n" +
 	"\tdocuments\x18\x01 \x03(\v2\x13.dragon.v1.DocumentR\tdocuments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +

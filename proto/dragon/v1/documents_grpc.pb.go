@@ -43,7 +43,8 @@ type DocumentServiceClient interface {
 	// DeleteDocument removes a document, by id or by source, from retrieval
 	// at once, and its passages' KV-cache entries with it.
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
-	// ListDocuments lists the documents by source, a page at a time.
+	// ListDocuments lists the documents by source (or the most recently
+	// added first), a page at a time.
 	ListDocuments(ctx context.Context, in *ListDocumentsRequest, opts ...grpc.CallOption) (*ListDocumentsResponse, error)
 	// GetDocument describes one document, by its id or the id of one of its
 	// parts (an mbox's messages).
@@ -130,7 +131,8 @@ type DocumentServiceServer interface {
 	// DeleteDocument removes a document, by id or by source, from retrieval
 	// at once, and its passages' KV-cache entries with it.
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
-	// ListDocuments lists the documents by source, a page at a time.
+	// ListDocuments lists the documents by source (or the most recently
+	// added first), a page at a time.
 	ListDocuments(context.Context, *ListDocumentsRequest) (*ListDocumentsResponse, error)
 	// GetDocument describes one document, by its id or the id of one of its
 	// parts (an mbox's messages).
