@@ -35,6 +35,22 @@ import (
 // and returns the documents it answers with.
 func uploadFiles(t *testing.T, httpAddr string, files ...[2]string) []map[string]any {
 	t.Helper()
+	body, ctype := multipartFiles(t, files)
+	resp, err := http.Post("http://"+httpAddr+"/v1/documents", ctype, body)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out struct {
+		Documents []map[string]any `json:"documents"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", out)
+	return out.Documents
+}
+
+// multipartFiles is an upload's body of files (name → content) and its
+// content type.
+func multipartFiles(t *testing.T, files [][2]string) (*bytes.Buffer, string) {
+	t.Helper()
 	var body bytes.Buffer
 	mw := multipart.NewWriter(&body)
 	for _, f := range files {
@@ -44,15 +60,7 @@ func uploadFiles(t *testing.T, httpAddr string, files ...[2]string) []map[string
 		require.NoError(t, err)
 	}
 	require.NoError(t, mw.Close())
-	resp, err := http.Post("http://"+httpAddr+"/v1/documents", mw.FormDataContentType(), &body)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var out struct {
-		Documents []map[string]any `json:"documents"`
-	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", out)
-	return out.Documents
+	return &body, mw.FormDataContentType()
 }
 
 func httpDo(t *testing.T, method, url string) (int, map[string]any) {
@@ -71,15 +79,31 @@ func httpDo(t *testing.T, method, url string) (int, map[string]any) {
 // side of the answer.
 func deviceSources(t *testing.T, c dragonv1.DeviceServiceClient, q string) []string {
 	t.Helper()
+	return sideSources(t, c, q, dragonv1.Side_SIDE_DEVICE)
+}
+
+// sideSources asks a question and returns the sources of one side of the
+// answer.
+func sideSources(t *testing.T, c dragonv1.DeviceServiceClient, q string, side dragonv1.Side) []string {
+	t.Helper()
 	a, err := ask(t, c, &dragonv1.GenerateRequest{Prompt: q, Sampling: &dragonv1.SamplingParams{MaxTokens: 6}})
 	require.NoError(t, err)
 	var out []string
 	for _, s := range a.Summary.GetSources() {
-		if s.GetSide() == dragonv1.Side_SIDE_DEVICE {
+		if s.GetSide() == side {
 			out = append(out, s.GetSource())
 		}
 	}
 	return out
+}
+
+// dialDevice is a client of a device daemon's gRPC port.
+func dialDevice(t *testing.T, dev *aggbench.Daemon) dragonv1.DeviceServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return dragonv1.NewDeviceServiceClient(conn)
 }
 
 const gateMail = "From: Ann Halvorsen <ann@halvorsen.example>\r\nSubject: Halvorsen cabin gate code\r\n" +
@@ -359,17 +383,6 @@ func TestCloudDocumentsBehindAdminToken(t *testing.T) {
 
 	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", model, "--threads", "1",
 		"--index", testmodel.IndexCopy(t, "device"), "--cloud", cld.Addr, "--cloud-token", "peer-token", "--profile", "", "--rerank-model", "")
-	dconn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer dconn.Close()
-	a, err := ask(t, dragonv1.NewDeviceServiceClient(dconn), &dragonv1.GenerateRequest{Prompt: "Who was the first keeper of the Zanzibar lighthouse?",
-		Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
-	require.NoError(t, err, "%s\n%s", dev.Logs(), cld.Logs())
-	var cloudSources []string
-	for _, s := range a.Summary.GetSources() {
-		if s.GetSide() == dragonv1.Side_SIDE_CLOUD {
-			cloudSources = append(cloudSources, s.GetSource())
-		}
-	}
-	assert.Contains(t, cloudSources, "public/almanac.txt", "the cloud retrieves what its operator added")
+	assert.Contains(t, sideSources(t, dialDevice(t, dev), "Who was the first keeper of the Zanzibar lighthouse?", dragonv1.Side_SIDE_CLOUD),
+		"public/almanac.txt", "the cloud retrieves what its operator added")
 }

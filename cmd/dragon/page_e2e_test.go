@@ -52,6 +52,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.ExecPath(chromium(t)),
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.NoSandbox, // CI runs as root
+		chromedp.Flag("disable-gpu", true),
 		chromedp.Flag("disable-quic", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.WindowSize(1280, 900),

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"mime/multipart"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/internal/testmodel"
@@ -24,10 +21,11 @@ import (
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
 
-// A cloud serving its corpus from Weaviate answers with the device; when
-// the engine dies, the cloud's /readyz says so and the device answers
-// alone, promptly, instead of hanging.
-func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
+// warmCollection starts a Weaviate node and pushes the warm index's
+// passages into its collection Public, returning the node and the
+// collection's URL.
+func warmCollection(t *testing.T) (*weaviatetest.Cluster, string) {
+	t.Helper()
 	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 1})
 	require.NoError(t, err)
 	dir, _ := warmIndex(t, m)
@@ -36,6 +34,14 @@ func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 	url := "weaviate://" + strings.TrimPrefix(cl.URL(0), "http://") + "/Public"
 	_, err = runIndex(t, "push", "--dir", dir, "--to", url, "-q")
 	require.NoError(t, err)
+	return cl, url
+}
+
+// A cloud serving its corpus from Weaviate answers with the device; when
+// the engine dies, the cloud's /readyz says so and the device answers
+// alone, promptly, instead of hanging.
+func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
+	cl, url := warmCollection(t)
 
 	// The cloud searches over the engine's gRPC port.
 	client, dev, cld := pairWith(t, 0, []string{"--index", url + "?timeout=3s&grpc=" + cl.GRPC(0)}, nil, nil)
@@ -72,20 +78,11 @@ func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 // files when any are given, and decodes its JSON answer.
 func adminDo(t *testing.T, method, url string, files ...[2]string) (int, map[string]any) {
 	t.Helper()
-	var body bytes.Buffer
-	ctype := ""
+	body, ctype := &bytes.Buffer{}, ""
 	if len(files) > 0 {
-		mw := multipart.NewWriter(&body)
-		for _, f := range files {
-			w, err := mw.CreateFormFile("file", f[0])
-			require.NoError(t, err)
-			_, err = w.Write([]byte(f[1]))
-			require.NoError(t, err)
-		}
-		require.NoError(t, mw.Close())
-		ctype = mw.FormDataContentType()
+		body, ctype = multipartFiles(t, files)
 	}
-	req, err := http.NewRequest(method, url, &body)
+	req, err := http.NewRequest(method, url, body)
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer admin-token")
 	if ctype != "" {
@@ -104,14 +101,7 @@ func adminDo(t *testing.T, method, url string, files ...[2]string) (int, map[str
 // the cloud retrieves it; an add acknowledged just before a kill -9 gets
 // there after the restart; a delete takes it out of the collection.
 func TestCloudDocumentsIntoWeaviate(t *testing.T) {
-	m, err := llamacpp.Load(testmodel.Path(t), llamacpp.Options{Threads: 1})
-	require.NoError(t, err)
-	dir, _ := warmIndex(t, m)
-	m.Close()
-	cl := weaviatetest.Start(t, 1)
-	url := "weaviate://" + strings.TrimPrefix(cl.URL(0), "http://") + "/Public"
-	_, err = runIndex(t, "push", "--dir", dir, "--to", url, "-q")
-	require.NoError(t, err)
+	_, url := warmCollection(t)
 	store, err := weaviate.Open(url)
 	require.NoError(t, err)
 	defer store.Close()
@@ -148,19 +138,8 @@ func TestCloudDocumentsIntoWeaviate(t *testing.T) {
 	// The device's question retrieves it from the cloud's collection.
 	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", testmodel.Path(t), "--threads", "1",
 		"--index", testmodel.IndexCopy(t, "device"), "--cloud", cld.Addr, "--profile", "", "--rerank-model", "")
-	conn, err := grpc.NewClient(dev.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	a, err := ask(t, dragonv1.NewDeviceServiceClient(conn), &dragonv1.GenerateRequest{Prompt: "Who was the first keeper of the Zanzibar lighthouse?",
-		Sampling: &dragonv1.SamplingParams{MaxTokens: 4}})
-	require.NoError(t, err, "%s\n%s", dev.Logs(), cld.Logs())
-	var cloudSources []string
-	for _, s := range a.Summary.GetSources() {
-		if s.GetSide() == dragonv1.Side_SIDE_CLOUD {
-			cloudSources = append(cloudSources, s.GetSource())
-		}
-	}
-	assert.Contains(t, cloudSources, "public/almanac.txt")
+	assert.Contains(t, sideSources(t, dialDevice(t, dev), "Who was the first keeper of the Zanzibar lighthouse?", dragonv1.Side_SIDE_CLOUD),
+		"public/almanac.txt")
 
 	// Acknowledged, then kill -9 before the collection could have it:
 	// after the restart it is written there.

@@ -133,7 +133,7 @@ function addMessage(role, text) {
   return li;
 }
 
-function pct(x) { return (100 * x).toFixed(0) + "%"; }
+function pct(x) { return x > 0 && x < 0.005 ? "<1%" : (100 * x).toFixed(0) + "%"; }
 
 function renderSources(li, sources) {
   const groups = [
@@ -151,7 +151,9 @@ function renderSources(li, sources) {
       const det = el("details");
       const sum = el("summary");
       sum.append(s.title || s.source, " ");
-      sum.append(el("span", "share", "· " + pct(s.share) + " of the answer"));
+      // The share is the answer's posterior over passages: how much of
+      // its probability this passage's sequence carries.
+      sum.append(el("span", "share", "· share " + pct(s.share)));
       det.append(sum);
       if (s.title && s.title !== s.source) det.append(el("p", "meta", s.source));
       if (s.metadata && s.metadata.page) det.append(el("p", "meta", "page " + s.metadata.page));
