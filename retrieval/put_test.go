@@ -10,11 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -440,4 +442,24 @@ func TestMailAttachmentsAreDocuments(t *testing.T) {
 	_, err = ix.DeleteDocument(sources.DocumentID("mail/invoice.eml"))
 	require.NoError(t, err)
 	assert.Empty(t, bm25Sources(t, ix, "smoked herring"), "the mail's attachments go with it")
+}
+
+// An index read back from disk keeps one source string and one metadata
+// map per document, not a copy per passage (a fifth of its memory).
+func TestReopenedPassagesShareTheirDocumentsMetadata(t *testing.T) {
+	ix, dir, opts := newEmptyIndex(t)
+	mail := "From: Ann <a@example.com>\r\nSubject: the long letter\r\n\r\n" + strings.Repeat("The lighthouse keeper wrote about the storm and the lamp. ", 20)
+	_, err := ix.Put(t.Context(), "letter.eml", []byte(mail), nil)
+	require.NoError(t, err)
+	require.NoError(t, ix.Close())
+	ix, err = Open(dir, opts)
+	require.NoError(t, err)
+	defer ix.Close()
+	ps := ix.Passages()
+	require.Greater(t, len(ps), 3)
+	for _, p := range ps[1:] {
+		assert.Equal(t, "the long letter", p.Meta["subject"])
+		assert.Equal(t, reflect.ValueOf(ps[0].Meta).UnsafePointer(), reflect.ValueOf(p.Meta).UnsafePointer(), "one map per document")
+		assert.Equal(t, unsafe.StringData(ps[0].Source), unsafe.StringData(p.Source), "one source string per document")
+	}
 }

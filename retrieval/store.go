@@ -227,6 +227,11 @@ func readPassages(path string) (map[uint64]*Passage, error) {
 	defer f.Close()
 	ps := map[uint64]*Passage{}
 	dec := json.NewDecoder(bufio.NewReaderSize(f, 1<<20))
+	// A document's passages carry the same source and, but for a PDF's
+	// page, the same metadata; decoded, each would hold copies of its
+	// own (a fifth of an index's memory), so one of each is kept.
+	sources := map[string]string{}
+	metas := map[string]map[string]string{} // the last map kept, by source
 	for line := 1; ; line++ {
 		p := new(Passage)
 		rec := passageRecord{Passage: p}
@@ -236,6 +241,16 @@ func readPassages(path string) (map[uint64]*Passage, error) {
 			return nil, fmt.Errorf("%s record %d: %w", passagesFile, line, err)
 		}
 		p.terms = rec.Terms
+		if src, ok := sources[p.Source]; ok {
+			p.Source = src
+		} else {
+			sources[p.Source] = p.Source
+		}
+		if prev, ok := metas[p.Source]; ok && maps.Equal(prev, p.Meta) {
+			p.Meta = prev
+		} else if p.Meta != nil {
+			metas[p.Source] = p.Meta
+		}
 		if _, dup := ps[p.ID]; dup {
 			return nil, fmt.Errorf("%s record %d: duplicate passage id %d", passagesFile, line, p.ID)
 		}
