@@ -364,7 +364,7 @@ func streamFromApp(httpAddr, token string, began chan<- struct{}) error {
 	if err != nil || len(models.Data) == 0 {
 		return fmt.Errorf("models: %v", err)
 	}
-	body := `{"model":"` + models.Data[0].ID + `","stream":true,"max_tokens":48,"temperature":0,` +
+	body := `{"model":"` + models.Data[0].ID + `","stream":true,"max_tokens":96,"temperature":0,` +
 		`"messages":[{"role":"user","content":"Tell me a long story about the sea."}]}`
 	req, err = http.NewRequest("POST", "http://"+httpAddr+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
