@@ -91,6 +91,10 @@ type FollowUpResult struct {
 	// Conversation: at the follow-up, with the conversation's retrieval
 	// query (session.RetrievalQuery), as the daemons retrieve.
 	Conversation float64 `json:"follow_up_recall_conversation"`
+	// Switch: when the second turn is about another mail instead (the
+	// next conversation's first question), how often that mail is found
+	// with the conversation's retrieval query; its ceiling is First.
+	Switch float64 `json:"new_subject_recall_conversation"`
 }
 
 // FollowUps retrieves k passages for each conversation's turns and counts
@@ -112,23 +116,35 @@ func FollowUps(ctx context.Context, s retrieval.Searcher, mode retrieval.Mode, c
 		}
 		return false, nil
 	}
-	var first, last, conv int
-	for _, c := range convs {
-		req := session.Request{Query: c.FollowUp, History: []engine.Message{
-			{Role: engine.RoleUser, Content: c.First},
-			{Role: engine.RoleAssistant, Content: "(the answer)"},
-		}}
-		for q, n := range map[string]*int{c.First: &first, c.FollowUp: &last, session.RetrievalQuery(req): &conv} {
-			ok, err := found(q, c.Source)
+	var first, last, conv, switched int
+	for i, c := range convs {
+		after := func(q string) string {
+			return session.RetrievalQuery(session.Request{Query: q, History: []engine.Message{
+				{Role: engine.RoleUser, Content: c.First},
+				{Role: engine.RoleAssistant, Content: "(the answer)"},
+			}})
+		}
+		next := convs[(i+1)%len(convs)]
+		for _, t := range []struct {
+			query, source string
+			n             *int
+		}{
+			{c.First, c.Source, &first},
+			{c.FollowUp, c.Source, &last},
+			{after(c.FollowUp), c.Source, &conv},
+			{after(next.First), next.Source, &switched},
+		} {
+			ok, err := found(t.query, t.source)
 			if err != nil {
 				return r, err
 			}
 			if ok {
-				*n++
+				*t.n++
 			}
 		}
 	}
 	total := float64(len(convs))
 	r.First, r.LastMessage, r.Conversation = float64(first)/total, float64(last)/total, float64(conv)/total
+	r.Switch = float64(switched) / total
 	return r, nil
 }

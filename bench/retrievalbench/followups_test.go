@@ -44,4 +44,5 @@ func TestFollowUps(t *testing.T) {
 	assert.Equal(t, 1.0, r.First)
 	assert.Equal(t, 0.0, r.LastMessage)
 	assert.Equal(t, 1.0, r.Conversation)
+	assert.Less(t, r.Switch, r.First, "a new subject retrieved with the old one's words too loses some of its mails")
 }

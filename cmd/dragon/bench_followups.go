@@ -44,7 +44,9 @@ naming nothing of it ("Who sent it?", "When was that sent?", "What else did it
 say?", "Can you tell me more about that?"). It then retrieves k passages for
 the follow-up with its own words alone and with the conversation's retrieval
 query (the daemons': the last user turns and the follow-up), and reports how
-often the mail is among them, beside the first turn's rate.`,
+often the mail is among them, beside the first turn's rate. It also asks, as
+the second turn, the next conversation's first question (a new subject) with
+the conversation's retrieval query, and reports how often that mail is found.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			mode, err := retrieval.ParseMode(modeName)
@@ -78,7 +80,8 @@ often the mail is among them, beside the first turn's rate.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%d conversations over %s (%s retrieval):\n", len(convs), indexDir, mode)
 			for _, r := range rep.Runs {
-				fmt.Fprintf(cmd.OutOrStdout(), "  k=%d: first turn %.2f; follow-up alone %.2f, with the conversation %.2f\n", r.K, r.First, r.LastMessage, r.Conversation)
+				fmt.Fprintf(cmd.OutOrStdout(), "  k=%d: first turn %.2f; follow-up alone %.2f, with the conversation %.2f; a new subject with the conversation %.2f\n",
+				r.K, r.First, r.LastMessage, r.Conversation, r.Switch)
 			}
 			return nil
 		},
