@@ -81,7 +81,7 @@ the conversation's retrieval query, and reports how often that mail is found.`,
 			fmt.Fprintf(cmd.OutOrStdout(), "%d conversations over %s (%s retrieval):\n", len(convs), indexDir, mode)
 			for _, r := range rep.Runs {
 				fmt.Fprintf(cmd.OutOrStdout(), "  k=%d: first turn %.2f; follow-up alone %.2f, with the conversation %.2f; a new subject with the conversation %.2f\n",
-				r.K, r.First, r.LastMessage, r.Conversation, r.Switch)
+					r.K, r.First, r.LastMessage, r.Conversation, r.Switch)
 			}
 			return nil
 		},
