@@ -67,6 +67,12 @@ func httpDo(t *testing.T, method, url string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, nil)
 	require.NoError(t, err)
+	return sendJSON(t, req)
+}
+
+// sendJSON sends a request and decodes its JSON answer.
+func sendJSON(t *testing.T, req *http.Request) (int, map[string]any) {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()

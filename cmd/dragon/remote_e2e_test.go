@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -88,12 +87,7 @@ func adminDo(t *testing.T, method, url string, files ...[2]string) (int, map[str
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var out map[string]any
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-	return resp.StatusCode, out
+	return sendJSON(t, req)
 }
 
 // A cloud on Weaviate with the admin API: what the operator adds is kept
