@@ -114,6 +114,9 @@ type Options struct {
 	PosteriorEvery int
 	// Spec configures local speculative decoding (Generate only).
 	Spec specdec.Options
+	// History, with Spec, is a store of earlier answers the drafter also
+	// drafts from; each finished answer joins it.
+	History *specdec.History
 	// NoCostModel verifies every draft the drafter offers, whole, instead
 	// of letting the cost model choose the length (for ablations).
 	NoCostModel bool

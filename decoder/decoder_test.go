@@ -699,3 +699,29 @@ func TestProfileDecode(t *testing.T) {
 	_, _, err = ProfileDecode(ctx, d, nil, 10, 1)
 	assert.ErrorIs(t, err, engine.ErrInvalidInput)
 }
+
+// Drafting from earlier answers (specdec.History): the same question asked
+// again, over passages that do not hold its answer, is answered as plain
+// greedy decoding answers it, in fewer passes, the earlier answer drafting
+// the new one; and each answer joins the store.
+func TestHistoryDraftsFromEarlierAnswers(t *testing.T) {
+	// A model that mostly makes up its answer (little copying), so the
+	// passages alone draft little of it.
+	cfg := fake.Config{Seed: 5, Vocab: 300, Copy: 1, CopyOrder: 2, CallLatency: time.Millisecond, Latency: 50 * time.Microsecond}
+	_, plain := newFakeWith(t, cfg, Options{})
+	hist, err := specdec.NewHistory(4096)
+	require.NoError(t, err)
+	_, fast := newFakeWith(t, cfg, Options{Spec: specdec.DefaultOptions(), History: hist})
+	req := Request{Query: "What did the keeper write about the storm?", Passages: threePassages[:2], MaxTokens: 60}
+	want, err := plain.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	first, err := fast.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	require.Equal(t, want.Tokens, first.Tokens)
+	require.Equal(t, [][]engine.Token{first.Tokens}, hist.Sequences(), "the answer joined the store")
+	again, err := fast.Generate(context.Background(), req, nil)
+	require.NoError(t, err)
+	assert.Equal(t, want.Tokens, again.Tokens, "greedy output is plain greedy's")
+	assert.Less(t, again.Steps, first.Steps, "the earlier answer drafts the new one")
+	t.Logf("passes: plain %d, first %d, again %d (accepted %d → %d)", want.Steps, first.Steps, again.Steps, first.Spec.AcceptedTokens, again.Spec.AcceptedTokens)
+}

@@ -92,6 +92,11 @@ func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passag
 			d.drafter.AddDocument(d.prompts[s])
 		}
 	}
+	if d.opts.History != nil {
+		for _, seq := range d.opts.History.Sequences() {
+			d.drafter.AddDocument(seq)
+		}
+	}
 	d.drafter.StartAnswer(d.prompts[0])
 	d.cost.Seqs = len(d.prompts)
 	return nil
@@ -100,8 +105,11 @@ func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passag
 // Finish closes the generation's answer in the drafter, which keeps it as
 // an earlier answer to draft from.
 func (d *Decoder) Finish() {
-	if d.drafter != nil {
+	if d.drafter != nil && d.drafter.AnswerOpen() {
 		d.drafter.EndAnswer()
+		if d.opts.History != nil {
+			d.opts.History.Add(d.gen)
+		}
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/dragon-rag/dragon/library"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
+	"github.com/dragon-rag/dragon/specdec"
 	"github.com/dragon-rag/dragon/webui"
 	"github.com/dragon-rag/dragon/wire"
 )
@@ -35,6 +36,8 @@ func newDeviceCmd() *cobra.Command {
 		idleUnload    time.Duration
 		maxQueue      int
 		queueTimeout  time.Duration
+		historyTokens int
+		historyFile   string
 		modelID       string
 		maxUploadMB   int
 		watch         []string
@@ -66,12 +69,33 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			if idleUnload < 0 {
 				return fmt.Errorf("--idle-unload %v: need 0 (never) or more", idleUnload)
 			}
+			if historyTokens < 0 || (historyFile != "" && historyTokens == 0) {
+				return fmt.Errorf("--history-tokens %d, --history-file %q: a file needs a store of 1 token or more", historyTokens, historyFile)
+			}
 			f.writableIndex = true
 			s, err := f.load(log)
 			if err != nil {
 				return err
 			}
 			defer s.close()
+			if historyTokens > 0 && s.decoder.Spec.Enabled {
+				hist, err := specdec.LoadHistory(historyFile, historyTokens)
+				if historyFile == "" {
+					hist, err = specdec.NewHistory(historyTokens)
+				}
+				if err != nil {
+					return fmt.Errorf("--history-file: %w", err)
+				}
+				s.decoder.History = hist
+				log.Info("drafting from earlier answers", "history_tokens", historyTokens, "held", hist.Tokens(), "file", historyFile)
+				if historyFile != "" {
+					defer func() {
+						if err := hist.Save(historyFile); err != nil {
+							log.Error("the earlier answers were not saved", "err", err)
+						}
+					}()
+				}
+			}
 			// --memory-mb may have lowered --max-passages.
 			cloudPassages = min(cloudPassages, f.maxPassages)
 			if maxQueue == 0 {
@@ -183,6 +207,8 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits (0: no budget; see deploy/phone/README.md)")
 	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
 	fs.StringArrayVar(&watch, "watch", nil, "keep this folder's files in the index: new, changed and removed files within seconds, and what changed while the daemon was down (repeatable)")
+	fs.IntVar(&historyTokens, "history-tokens", 0, "local speculative decoding also drafts from this device's earlier answers, up to this many tokens of them (kept on the device, never sent; 0: off)")
+	fs.StringVar(&historyFile, "history-file", "", "with --history-tokens: keep the earlier answers in this file across restarts (read at start, written at a clean stop)")
 	fs.IntVar(&maxQueue, "max-queue", 4, "generations that may wait while one is generated (the page and an app asking at once); beyond, refused with a time to retry after (0: none)")
 	fs.DurationVar(&queueTimeout, "queue-timeout", 2*time.Minute, "longest wait in that queue")
 	fs.DurationVar(&idleUnload, "idle-unload", 0, "after this long without a request, free the model and its context (memory goes back to the OS); the next request loads them back (0: never)")
