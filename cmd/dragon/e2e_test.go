@@ -72,18 +72,7 @@ func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel s
 		"--index", testmodel.IndexDir(t, "cloud"), "--profile", "", "--rerank-model", ""}, cloudArgs...)...)
 	cloudAddr := cld.Addr
 	if latency > 0 {
-		link, err := netsim.NewLink(netsim.Shape{Latency: latency, Jitter: latency / 5}, 1)
-		require.NoError(t, err)
-		p, err := netsim.NewProxy("127.0.0.1:0", cld.Addr, link, nil)
-		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- p.Serve(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			require.NoError(t, <-done)
-		})
-		cloudAddr = p.Addr()
+		cloudAddr = shapedLink(t, cld.Addr, netsim.Shape{Latency: latency, Jitter: latency / 5})
 	}
 	if link != nil {
 		cloudAddr = link(cloudAddr)
@@ -94,6 +83,24 @@ func pairOfModels(t *testing.T, latency time.Duration, cloudModel, deviceModel s
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return dragonv1.NewDeviceServiceClient(conn), dev, cld
+}
+
+// shapedLink is a netsim proxy to addr with the shape's delays, stopped
+// with the test; it returns the proxy's address.
+func shapedLink(t *testing.T, addr string, shape netsim.Shape) string {
+	t.Helper()
+	link, err := netsim.NewLink(shape, 1)
+	require.NoError(t, err)
+	p, err := netsim.NewProxy("127.0.0.1:0", addr, link, nil)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return p.Addr()
 }
 
 func ask(t *testing.T, c dragonv1.DeviceServiceClient, req *dragonv1.GenerateRequest) (aggbench.Answer, error) {

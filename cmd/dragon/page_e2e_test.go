@@ -181,16 +181,9 @@ func TestPageInBrowser(t *testing.T) {
 	cld := startDaemon(t, "cloud", "cloud", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", pair.cloudModel, "--threads", "1",
 		"--index", pair.cloudIndex, "--profile", "", "--rerank-model", pair.rerank)
 	// A link of 20 ms each way: answers last long enough to be cut.
-	link, err := netsim.NewLink(netsim.Shape{Latency: 20 * time.Millisecond}, 1)
-	require.NoError(t, err)
-	proxy, err := netsim.NewProxy("127.0.0.1:0", cld.Addr, link, nil)
-	require.NoError(t, err)
-	pctx, stopProxy := context.WithCancel(context.Background())
-	proxied := make(chan error, 1)
-	go func() { proxied <- proxy.Serve(pctx) }()
-	t.Cleanup(func() { stopProxy(); <-proxied })
+	link := shapedLink(t, cld.Addr, netsim.Shape{Latency: 20 * time.Millisecond})
 	dev := startDaemon(t, "device", "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--model", pair.deviceModel, "--threads", "1",
-		"--index", pair.deviceIndex(), "--cloud", proxy.Addr(), "--profile", "", "--rerank-model", pair.rerank,
+		"--index", pair.deviceIndex(), "--cloud", link, "--profile", "", "--rerank-model", pair.rerank,
 		"--token", "page-token", "--max-tokens", pair.maxTokens)
 	page := "http://" + dev.HTTPAddr() + "/"
 
