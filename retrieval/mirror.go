@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -100,7 +101,10 @@ func NewMirror(ctx context.Context, ix *Index, store *weaviate.Client, log *slog
 	if err := store.EnsureCollection(ctx, remoteSpec(man), weaviate.Layout{}); err != nil {
 		return nil, fmt.Errorf("mirror %s into %s: %w", ix.dir, store, err)
 	}
-	m := &Mirror{ix: ix, store: store, path: mirrorFile(ix, store), log: log, batch: 128, written: map[string]mirrorFileState{}}
+	// seen matches no count: the first round compares the index with the
+	// collection whatever the index's count (a checkpointed index reopens
+	// at 0 with files the collection may not have yet).
+	m := &Mirror{ix: ix, store: store, path: mirrorFile(ix, store), log: log, batch: 128, written: map[string]mirrorFileState{}, seen: math.MaxUint64}
 	b, err := os.ReadFile(m.path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):

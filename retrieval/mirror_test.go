@@ -1,10 +1,12 @@
 package retrieval
 
 import (
+	"context"
 	"errors"
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -133,6 +135,27 @@ func TestMirror(t *testing.T) {
 	_, err = m.Sync(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, []string{corpus}, remoteSources(t, store, "corals reefs"), "a name of its own: the corpus file stays")
+
+	// Reopened from a checkpoint (no journal to replay) with the state
+	// lost, Run still writes what the collection lacks.
+	require.NoError(t, ix.Checkpoint())
+	require.NoError(t, ix.Close())
+	ix, err = Open(dir, opts)
+	require.NoError(t, err)
+	defer ix.Close()
+	require.Zero(t, ix.Changes(), "nothing replayed")
+	_, err = store.DeleteSources(ctx, []string{"notes/volcano.md"}, nil)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(mirrorFile(ix, store)))
+	m, err = NewMirror(ctx, ix, store, nil)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); m.Run(runCtx, 20*time.Millisecond) }()
+	assert.Eventually(t, func() bool { return slices.Contains(remoteSources(t, store, "Pompeii ash"), "notes/volcano.md") },
+		10*time.Second, 20*time.Millisecond)
+	stop()
+	<-ran
 
 	// The term statistics are counted again once asked.
 	require.NoError(t, RefreshTermStats(ctx, store, nil))
