@@ -11,6 +11,8 @@ import (
 
 	"github.com/coder/hnsw"
 	"github.com/viterin/vek/vek32"
+
+	"github.com/dragon-rag/dragon/internal/atomicfile"
 )
 
 // HNSW parameters: M and Ml are the library's defaults; efSearch is raised
@@ -56,7 +58,7 @@ func readGraph(path string) (*hnsw.Graph[uint64], error) {
 }
 
 func writeGraph(path string, g *hnsw.Graph[uint64]) error {
-	return writeFileAtomic(path, func(w io.Writer) error { return g.Export(w) })
+	return atomicfile.Write(path, func(w io.Writer) error { return g.Export(w) })
 }
 
 // graphSearch returns up to n live passages nearest to the unit vector q,

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dragon-rag/dragon/internal/atomicfile"
 	"github.com/dragon-rag/dragon/retrieval/weaviate"
 )
 
@@ -300,7 +301,7 @@ func (m *Mirror) write(ctx context.Context, t mirrorTarget) (int, []weaviate.Obj
 
 func (m *Mirror) save() error {
 	st := mirrorState{Collection: m.store.String(), Files: m.written}
-	err := writeFileAtomic(m.path, func(w io.Writer) error {
+	err := atomicfile.Write(m.path, func(w io.Writer) error {
 		return json.NewEncoder(w).Encode(st)
 	})
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dragon-rag/dragon/internal/atomicfile"
 )
 
 // formatVersion is the on-disk layout version written: a snapshot whose
@@ -142,36 +144,6 @@ type fileRecord struct {
 	Error string            `json:"error,omitempty"`
 }
 
-// writeFileAtomic replaces path with what write produces, through a
-// synced temporary file and a rename, so a crash leaves the old or the
-// new file, never half of one.
-func writeFileAtomic(path string, write func(w io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	bw := bufio.NewWriterSize(tmp, 1<<20)
-	if err := write(bw); err != nil {
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
 // syncDir makes the renames into dir durable.
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
@@ -183,7 +155,7 @@ func syncDir(dir string) error {
 }
 
 func writeJSON(path string, v any) error {
-	return writeFileAtomic(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
@@ -208,7 +180,7 @@ func writePassages(path string, ps map[uint64]*Passage) error {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	return writeFileAtomic(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		for _, id := range ids {
 			if err := enc.Encode(passageRecord{ps[id], ps[id].terms}); err != nil {
@@ -269,7 +241,7 @@ const (
 
 func writeVectors(path string, dims int, vecs map[uint64][]float32) error {
 	ids := slices.Sorted(maps.Keys(vecs))
-	return writeFileAtomic(path, func(w io.Writer) error {
+	return atomicfile.Write(path, func(w io.Writer) error {
 		hdr := append([]byte(vecMagic), make([]byte, vecHeaderSize-len(vecMagic))...)
 		binary.LittleEndian.PutUint32(hdr[8:], vecVersion)
 		binary.LittleEndian.PutUint32(hdr[12:], uint32(dims))

@@ -20,6 +20,7 @@ import (
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
 	"github.com/dragon-rag/dragon/specdec"
+	"github.com/dragon-rag/dragon/specdec/historyfile"
 	"github.com/dragon-rag/dragon/webui"
 	"github.com/dragon-rag/dragon/wire"
 )
@@ -79,7 +80,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			}
 			defer s.close()
 			if historyTokens > 0 && s.decoder.Spec.Enabled {
-				hist, err := specdec.LoadHistory(historyFile, historyTokens)
+				hist, err := historyfile.Load(historyFile, historyTokens)
 				if historyFile == "" {
 					hist, err = specdec.NewHistory(historyTokens)
 				}
@@ -90,7 +91,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				log.Info("drafting from earlier answers", "history_tokens", historyTokens, "held", hist.Tokens(), "file", historyFile)
 				if historyFile != "" {
 					defer func() {
-						if err := hist.Save(historyFile); err != nil {
+						if err := historyfile.Save(hist, historyFile); err != nil {
 							log.Error("the earlier answers were not saved", "err", err)
 						}
 					}()
