@@ -213,10 +213,19 @@ type MirrorReport struct {
 // Sync writes into the collection every file whose passages there differ
 // from the index's and drops those the index no longer has. Files still
 // waiting for vectors are left for a later round.
-func (m *Mirror) Sync(ctx context.Context) (MirrorReport, error) {
+func (m *Mirror) Sync(ctx context.Context) (rep MirrorReport, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var rep MirrorReport
+	// The state is written once a round, even one cut short, with what
+	// the collection holds by then; a crash before only makes the next
+	// round drop or write the same files again.
+	defer func() {
+		if rep.Written+rep.Removed > 0 {
+			if serr := m.save(); err == nil {
+				err = serr
+			}
+		}
+	}()
 	seen := m.ix.Changes()
 	want := m.prints()
 	for _, key := range slices.Sorted(maps.Keys(m.written)) {
@@ -229,9 +238,6 @@ func (m *Mirror) Sync(ctx context.Context) (MirrorReport, error) {
 		delete(m.written, key)
 		m.stale = true
 		rep.Removed++
-		if err := m.save(); err != nil {
-			return rep, err
-		}
 	}
 	for _, key := range slices.Sorted(maps.Keys(want)) {
 		if w, ok := m.written[key]; ok && w.Print == want[key] {
@@ -258,9 +264,6 @@ func (m *Mirror) Sync(ctx context.Context) (MirrorReport, error) {
 		}
 		m.written[key] = mirrorFileState{Print: t.print, Sources: t.sources}
 		rep.Written++
-		if err := m.save(); err != nil {
-			return rep, err
-		}
 	}
 	if rep.Waiting == 0 && len(rep.Failed) == 0 {
 		m.seen = seen
