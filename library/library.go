@@ -59,8 +59,13 @@ type Options struct {
 	// Mark, when set, may change the status of documents the library
 	// describes: a cloud whose searched collection is written after the
 	// index (retrieval.Mirror.Unwritten) marks those not yet there.
-	Mark   func([]retrieval.DocInfo)
-	Logger *slog.Logger
+	Mark func([]retrieval.DocInfo)
+	// Checkpointed, when set, is called after each checkpoint the
+	// library makes: a checkpoint allocates as much as the snapshot it
+	// writes, which a device returns to the OS (debug.FreeOSMemory)
+	// rather than keep resident until the runtime's scavenger gets to it.
+	Checkpointed func()
+	Logger       *slog.Logger
 }
 
 // Library serves a writable index's documents.
@@ -69,6 +74,10 @@ type Library struct {
 	opts Options
 	log  *slog.Logger
 	wake chan struct{}
+	// savedAt is the index's change count at the last checkpoint (if
+	// saved).
+	saved   bool
+	savedAt uint64
 }
 
 // New serves ix, which must be open for writing; Run does the background
@@ -383,6 +392,10 @@ func (l *Library) kick() {
 	}
 }
 
+// checkpointVectors are the vectors held only in memory that make the
+// end of embedding checkpoint at once (about 1.5 MB of MiniLM's).
+const checkpointVectors = 1024
+
 // busyPoll is how often embedding looks again while answers are being
 // generated.
 const busyPoll = 200 * time.Millisecond
@@ -412,7 +425,10 @@ func (l *Library) Run(ctx context.Context) {
 				}
 				continue
 			}
-			if n > 0 && l.ix.Pending() == 0 {
+			// A checkpoint rewrites the whole snapshot, so a few vectors
+			// wait for the quiet one: lost to a crash, they are only
+			// computed again.
+			if n > 0 && l.ix.Pending() == 0 && l.ix.VectorsInMemory() >= checkpointVectors {
 				l.log.Info("all passages have their vectors")
 				l.checkpoint()
 			}
@@ -441,8 +457,21 @@ func (l *Library) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// checkpoint checkpoints the index unless nothing changed since the last
+// one. Only Run calls it.
 func (l *Library) checkpoint() {
-	if err := l.ix.Checkpoint(); err != nil && !errors.Is(err, retrieval.ErrClosed) {
-		l.log.Warn("checkpoint failed; the journal keeps every change", "err", err)
+	changes := l.ix.Changes()
+	if l.saved && changes == l.savedAt {
+		return
+	}
+	if err := l.ix.Checkpoint(); err != nil {
+		if !errors.Is(err, retrieval.ErrClosed) {
+			l.log.Warn("checkpoint failed; the journal keeps every change", "err", err)
+		}
+		return
+	}
+	l.saved, l.savedAt = true, changes
+	if l.opts.Checkpointed != nil {
+		l.opts.Checkpointed()
 	}
 }

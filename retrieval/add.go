@@ -10,9 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
-
-	"github.com/coder/hnsw"
 
 	"github.com/dragon-rag/dragon/extract"
 )
@@ -36,14 +33,9 @@ func (r *Report) skip(path string, err error) {
 	r.Errors = append(r.Errors, FileError{path, err})
 }
 
-// maxTombstones: deleted vectors the graph may carry before it is rebuilt
-// (also when they exceed a quarter of it). Each costs searches one extra
-// candidate.
-const maxTombstones = 1024
-
-// graphChunk is how many vectors are inserted per hold of the write lock,
-// so searches keep running while a large batch goes into the graph.
-const graphChunk = 128
+// vectorChunk is how many vectors are set per hold of the write lock, so
+// searches keep running while a large batch goes in.
+const vectorChunk = 128
 
 // pendingFile is a file read and chunked, waiting to be committed.
 type pendingFile struct {
@@ -252,7 +244,6 @@ func (ix *Index) write(c *change) error {
 	if err := ix.bm25.apply(add, c.Remove); err != nil {
 		return ix.failed(err)
 	}
-	ix.syncGraph()
 	if ix.journal.size > checkpointJournalBytes {
 		if err := ix.persist(); err != nil {
 			// The change is durable in the journal all the same.
@@ -297,27 +288,23 @@ func (ix *Index) applyLocked(c *change) {
 	ix.changes.Add(1)
 }
 
-// setVectors gives live passages their vectors, in the graph too, a chunk
-// per hold of the lock so that searches keep running. Callers hold wmu.
+// setVectors gives live passages their vectors, a chunk per hold of the
+// lock so that searches keep running. Callers hold wmu.
 func (ix *Index) setVectors(ps []*Passage, vecs [][]float32) {
-	for i := 0; i < len(ps); i += graphChunk {
+	for i := 0; i < len(ps); i += vectorChunk {
 		ix.mu.Lock()
-		for j := i; j < min(i+graphChunk, len(ps)); j++ {
+		for j := i; j < min(i+vectorChunk, len(ps)); j++ {
 			id := ps[j].ID
 			if ix.passages[id] != ps[j] {
 				continue // removed (or replaced) meanwhile
 			}
-			ix.vecs[id] = vecs[j]
+			ix.vecs.set(id, vecs[j])
 			delete(ix.pending, id)
-			if ix.graph != nil {
-				ix.graph.Add(hnsw.MakeNode(id, vecs[j]))
-			}
 		}
 		ix.dirty = true
 		ix.changes.Add(1)
 		ix.mu.Unlock()
 	}
-	ix.syncGraph()
 }
 
 // embedPassages returns the unit vectors of ps, or nil for a BM25-only
@@ -367,8 +354,8 @@ func (ix *Index) checkDims(n int) error {
 	return nil
 }
 
-// removeLocked drops passages from the maps; their vectors stay in the
-// graph as tombstones until maybeCompact. Callers hold mu.
+// removeLocked drops passages from the maps and their vectors, whose
+// slots the next checkpoint drops. Callers hold mu.
 func (ix *Index) removeLocked(ids []uint64) {
 	for _, id := range ids {
 		p := ix.passages[id]
@@ -376,7 +363,9 @@ func (ix *Index) removeLocked(ids []uint64) {
 			continue
 		}
 		delete(ix.passages, id)
-		delete(ix.vecs, id)
+		if ix.vecs != nil {
+			ix.vecs.remove(id)
+		}
 		delete(ix.pending, id)
 		ix.terms -= int64(p.terms)
 		rest := slices.DeleteFunc(ix.bySource[p.Source], func(x uint64) bool { return x == id })
@@ -386,55 +375,6 @@ func (ix *Index) removeLocked(ids []uint64) {
 			ix.bySource[p.Source] = rest
 		}
 	}
-}
-
-// needGraph says whether an index of n passages is searched through the
-// HNSW graph rather than exactly, and so keeps one: building the graph is
-// most of the time indexing takes (two thirds at 35k passages of 384
-// dimensions), wasted on an index that is searched exactly.
-func (ix *Index) needGraph(n int) bool {
-	return ix.opts.ExactDenseMax < 0 || n > ix.opts.ExactDenseMax
-}
-
-// syncGraph keeps a graph exactly while the index needs one: it builds it
-// once the index outgrows exact search, drops it when the index shrinks
-// back, and rebuilds it without its tombstones once they are many. A new
-// graph is built beside the old one (or none), which searches keep using
-// until the swap. Callers hold wmu.
-func (ix *Index) syncGraph() {
-	var ng *hnsw.Graph[uint64]
-	switch {
-	case ix.vecs == nil:
-		return
-	case !ix.needGraph(len(ix.vecs)):
-		if ix.graph == nil {
-			return
-		}
-		ix.log.Info("dropping the dense graph: the index is searched exactly now", "dir", ix.dir, "passages", len(ix.vecs))
-	case ix.graph == nil:
-		ng = ix.buildGraph()
-	default:
-		n := ix.graph.Len()
-		dead := n - len(ix.vecs)
-		if dead <= 0 || (dead <= maxTombstones && dead*4 <= n) {
-			return
-		}
-		ng = rebuildGraph(ix.vecs)
-		ix.log.Debug("compacted dense graph", "dir", ix.dir, "dropped", dead, "kept", ng.Len())
-	}
-	ix.mu.Lock()
-	ix.graph = ng
-	ix.mu.Unlock()
-}
-
-// buildGraph builds a graph of all the vectors, saying so: at scale it
-// takes many minutes.
-func (ix *Index) buildGraph() *hnsw.Graph[uint64] {
-	start := time.Now()
-	ix.log.Info("building the dense graph", "dir", ix.dir, "passages", len(ix.vecs), "exact_dense_max", ix.opts.ExactDenseMax)
-	g := rebuildGraph(ix.vecs)
-	ix.log.Info("built the dense graph", "dir", ix.dir, "passages", g.Len(), "took", time.Since(start).Round(time.Millisecond))
-	return g
 }
 
 // Delete removes a source from the index: a file or mail message by its

@@ -6,15 +6,15 @@
 // them into passages of a fixed number of model tokens (so that a passage
 // fills a known share of a KV sequence), and indexes them twice: BM25 through bleve
 // and dense embeddings, scanned exactly up to Options.ExactDenseMax
-// passages and searched through an HNSW graph past it. Search returns hits
+// passages and past it ranked by one-bit codes kept in memory, the
+// nearest of them scored exactly from the vectors on disk (vectorStore). Search returns hits
 // with a relevance score R(d, q) calibrated so that softmax(R) over the top
 // k is the document weight ω(d) of DRAGON's output aggregation (§2.2), and
 // logsumexp(R) is the side's h̃ (Appendix A.1).
 //
 // An index lives in one directory: manifest.json, a snapshot of the
 // generation the manifest names (passages-G.jsonl, files-G.json, and the
-// vectors: in dense-G.vec, or, while the index is past ExactDenseMax, in
-// its HNSW graph, dense-G.hnsw), the journal of the changes since
+// vectors, dense-G.vec), the journal of the changes since
 // (journal.log) and the bleve index in bleve/. Every change (an Add's
 // commit group, a Put, a Delete) is one journal record, synced before it
 // is applied: it is durable once the call returns, all of it or none
@@ -22,10 +22,10 @@
 // checkpoint writes the next generation and then the manifest, which is
 // the commit point. Dense vectors are not journaled: passages whose
 // vectors did not reach a checkpoint are pending, searchable by BM25
-// until EmbedPending gives them one. The graph is built from the vectors
-// when first needed (an open that needs one the index lacks builds it in
-// memory). Indexes of format 1 kept a graph at any size, and those of
-// format 2 had fixed file names and no journal; both open as they are
-// and are rewritten at the first checkpoint. Many goroutines may search
+// until EmbedPending gives them one. Indexes of format 1 kept their
+// vectors in an HNSW graph (dense.hnsw) at any size, and those of format 3
+// did past the old exact-search size; those of format 2 had fixed file
+// names and no journal. All open as they are and are rewritten at the
+// first checkpoint. Many goroutines may search
 // an open Index while one adds or deletes.
 package retrieval

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/coder/hnsw"
 )
 
 // Options configure Build and Open.
@@ -36,9 +34,8 @@ type Options struct {
 	// running it again skips the files already in.
 	CommitEvery int
 	// ExactDenseMax is the largest index whose dense search scans every
-	// vector (default DefaultExactDenseMax); larger ones use the HNSW
-	// graph, which is only built and kept while the index is larger.
-	// Negative: always the graph.
+	// vector (default DefaultExactDenseMax); larger ones rank by the
+	// vectors' codes first. Negative: always the codes.
 	ExactDenseMax int
 	// ReadOnly opens an index for searching only (shared lock).
 	ReadOnly bool
@@ -109,9 +106,8 @@ type Index struct {
 	passages map[uint64]*Passage
 	bySource map[string][]uint64
 	files    map[string]*fileRecord
-	graph    *hnsw.Graph[uint64]  // nil while the index is searched exactly
-	vecs     map[uint64][]float32 // live passages' unit vectors (shared with graph); nil if not dense
-	terms    int64                // analyzed terms in all passages, for BM25
+	vecs     *vectorStore // live passages' unit vectors; nil if not dense
+	terms    int64        // analyzed terms in all passages, for BM25
 	// pending are the live passages of a dense index without a vector
 	// yet: added by the document API, whose vectors follow in the
 	// background (EmbedPending), or journaled by a writer that crashed
@@ -274,8 +270,7 @@ func create(dir string, opts Options) (*Index, error) {
 		files: map[string]*fileRecord{}, pending: map[uint64]struct{}{},
 	}
 	if man.Dense {
-		ix.vecs = map[uint64][]float32{}
-		ix.syncGraph()
+		ix.vecs = newVectorStore(0)
 	}
 	j, _, err := openJournal(dir, 0, false)
 	if err == nil {
@@ -434,29 +429,22 @@ func (ix *Index) openBleve(add []*Passage, del []uint64) error {
 	return nil
 }
 
-// loadDense reads the vectors (from the graph's file while the index keeps
-// a graph with nodes, else their own) and builds or drops the graph as the
-// index's size calls for. Passages without a vector are pending from
-// format 3 on; before, every passage had one.
+// loadDense reads the vectors: from their own file, or from the graph
+// file of an index that kept an HNSW graph (format 1, and format 3 past
+// the old exact-search size), which the next checkpoint replaces by a
+// vectors file. Passages without a vector are pending from format 3 on;
+// before, every passage had one.
 func (ix *Index) loadDense() error {
 	dir, man := ix.dir, ix.man
-	var g *hnsw.Graph[uint64]
-	var err error
 	if man.GraphNodes > 0 || man.Version == formatGraphVectors {
-		if g, err = ix.loadGraph(); err != nil {
+		if err := ix.loadGraph(); err != nil {
 			return err
-		}
-		ix.vecs = make(map[uint64][]float32, len(ix.passages))
-		for id := range ix.passages {
-			if v, ok := g.Lookup(id); ok {
-				ix.vecs[id] = v
-			}
 		}
 	} else if err := ix.loadVectors(); err != nil {
 		return err
 	}
 	for id := range ix.passages {
-		if ix.vecs[id] != nil {
+		if ix.vecs.has(id) {
 			continue
 		}
 		if man.Version < formatVersion {
@@ -464,58 +452,51 @@ func (ix *Index) loadDense() error {
 		}
 		ix.pending[id] = struct{}{}
 	}
-	// An open with another ExactDenseMax than the last writer's may drop
-	// the graph (keeping the vectors it held) or build one.
-	if ix.needGraph(len(ix.vecs)) {
-		if g == nil {
-			g = ix.buildGraph()
-		}
-		ix.graph = g
-	}
 	return nil
 }
 
-// loadVectors reads the vectors file and checks it against the passages.
+// loadVectors opens the vectors file and checks it against the passages.
 func (ix *Index) loadVectors() error {
 	dir, man := ix.dir, ix.man
-	vecs, dims, err := readVectors(filepath.Join(dir, man.file(vectorsFile)))
+	vs, err := openVectorStore(filepath.Join(dir, man.file(vectorsFile)), func(id uint64) bool { return ix.passages[id] != nil })
 	if err != nil {
 		return corrupt(dir, "unreadable dense vectors", err)
 	}
-	if man.Version < formatVersion && len(vecs) != man.Passages {
-		return corrupt(dir, fmt.Sprintf("%d dense vectors on disk, manifest says %d passages", len(vecs), man.Passages), nil)
+	ix.vecs = vs
+	if man.Version < formatVersion && vs.Len() != man.Passages {
+		return corrupt(dir, fmt.Sprintf("%d dense vectors on disk, manifest says %d passages", vs.Len(), man.Passages), nil)
 	}
-	if len(vecs) > 0 && dims != man.Dims {
-		return corrupt(dir, fmt.Sprintf("dense vectors have %d dimensions, manifest says %d", dims, man.Dims), nil)
+	if vs.Len() > 0 && vs.dims != man.Dims {
+		return corrupt(dir, fmt.Sprintf("dense vectors have %d dimensions, manifest says %d", vs.dims, man.Dims), nil)
 	}
-	for id := range vecs {
-		if ix.passages[id] == nil {
-			return corrupt(dir, fmt.Sprintf("a dense vector for passage %d, which the index does not hold", id), nil)
-		}
-	}
-	ix.vecs = vecs
 	return nil
 }
 
-// loadGraph reads the graph file and checks it against the manifest.
-func (ix *Index) loadGraph() (*hnsw.Graph[uint64], error) {
+// loadGraph reads the vectors from an old index's graph file into memory.
+func (ix *Index) loadGraph() error {
 	dir, man := ix.dir, ix.man
 	g, err := readGraph(filepath.Join(dir, man.file(graphFile)))
 	if err != nil {
-		return nil, corrupt(dir, "unreadable dense graph", err)
+		return corrupt(dir, "unreadable dense graph", err)
 	}
 	if g.Len() != man.GraphNodes {
-		return nil, corrupt(dir, fmt.Sprintf("dense graph holds %d vectors, manifest says %d", g.Len(), man.GraphNodes), nil)
+		return corrupt(dir, fmt.Sprintf("dense graph holds %d vectors, manifest says %d", g.Len(), man.GraphNodes), nil)
 	}
 	if g.Len() > 0 && g.Dims() != man.Dims {
-		return nil, corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", g.Dims(), man.Dims), nil)
+		return corrupt(dir, fmt.Sprintf("dense graph has %d dimensions, manifest says %d", g.Dims(), man.Dims), nil)
 	}
-	return g, nil
+	ix.vecs = newVectorStore(man.Dims)
+	for id := range ix.passages {
+		if v, ok := g.Lookup(id); ok {
+			ix.vecs.set(id, v)
+		}
+	}
+	ix.dirty = true
+	return nil
 }
 
 // persist checkpoints the index: it writes a snapshot of the next
-// generation (the graph if the index keeps one, else the vectors; the
-// passages; the file list), then the manifest that names it, which is the
+// generation (the vectors, the passages, the file list), then the manifest that names it, which is the
 // commit point, then empties the journal the snapshot now holds and
 // removes the older generation's files. A crash at any point leaves one
 // whole snapshot and the journal of what it lacks. Callers hold wmu.
@@ -534,20 +515,21 @@ func (ix *Index) persist() error {
 	man.Updated = time.Now().UTC()
 	man.GraphNodes = 0
 	man.JournalSeq = ix.journal.seq
-	// The graph holds the vectors too: writing them twice would double
-	// the disk and the time of every commit of a large index. An empty
-	// graph is not written, so that GraphNodes > 0 says where they are.
-	switch {
-	case ix.graph != nil && ix.graph.Len() > 0:
-		man.GraphNodes = ix.graph.Len()
-		if err := writeGraph(filepath.Join(ix.dir, man.file(graphFile)), ix.graph); err != nil {
-			return fmt.Errorf("write dense graph: %w", err)
-		}
-	case ix.vecs != nil:
-		if err := writeVectors(filepath.Join(ix.dir, man.file(vectorsFile)), man.Dims, ix.vecs); err != nil {
+	var vecs *vectorStore
+	if ix.vecs != nil {
+		var err error
+		if vecs, err = ix.vecs.write(filepath.Join(ix.dir, man.file(vectorsFile))); err != nil {
 			return fmt.Errorf("write dense vectors: %w", err)
 		}
 	}
+	// Until the manifest names it, the new vectors file is not the
+	// snapshot's; searches keep reading the old one.
+	committed := false
+	defer func() {
+		if !committed && vecs != nil {
+			vecs.close()
+		}
+	}()
 	if err := writePassages(filepath.Join(ix.dir, man.file(passagesFile)), ix.passages); err != nil {
 		return fmt.Errorf("write passages: %w", err)
 	}
@@ -566,6 +548,13 @@ func (ix *Index) persist() error {
 	ix.mu.Lock()
 	ix.man = man
 	ix.dirty = false
+	if vecs != nil {
+		old := ix.vecs
+		ix.vecs, committed = vecs, true
+		if err := old.close(); err != nil {
+			ix.log.Warn("could not close the old vectors file", "dir", ix.dir, "err", err)
+		}
+	}
 	ix.mu.Unlock()
 	// Open replays only the changes after JournalSeq, so failing from here
 	// on does no harm.
@@ -600,7 +589,7 @@ type Stats struct {
 	Dir        string   `json:"dir"`
 	Manifest   Manifest `json:"manifest"`
 	Tokens     int      `json:"tokens"`     // in all passages
-	Tombstones int      `json:"tombstones"` // deleted vectors still in the graph
+	Tombstones int      `json:"tombstones"` // deleted vectors still in the vectors file
 	DiskBytes  int64    `json:"disk_bytes"` // size of the directory
 }
 
@@ -611,8 +600,8 @@ func (ix *Index) Stats() Stats {
 	for _, p := range ix.passages {
 		s.Tokens += p.Tokens
 	}
-	if ix.graph != nil {
-		s.Tombstones = ix.graph.Len() - len(ix.passages)
+	if ix.vecs != nil {
+		s.Tombstones = ix.vecs.tombstones()
 	}
 	ix.mu.RUnlock()
 	s.DiskBytes = dirSize(ix.dir)
@@ -660,6 +649,11 @@ func (ix *Index) Close() error {
 	}
 	if cerr := ix.journal.close(); cerr != nil && err == nil {
 		err = fmt.Errorf("close journal: %w", cerr)
+	}
+	if ix.vecs != nil {
+		if cerr := ix.vecs.close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close dense vectors: %w", cerr)
+		}
 	}
 	return err
 }

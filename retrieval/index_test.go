@@ -294,7 +294,7 @@ func TestLinkedFolderIsFollowedAtTheTop(t *testing.T) {
 func TestCorruptIndexGivesClearError(t *testing.T) {
 	tests := []struct {
 		name     string
-		exactMax int // 0: the default, searched exactly, no graph
+		exactMax int // 0: the default, searched exactly
 		break_   func(t *testing.T, dir string)
 	}{
 		{"truncated manifest", 0, func(t *testing.T, dir string) {
@@ -312,8 +312,9 @@ func TestCorruptIndexGivesClearError(t *testing.T) {
 		{"missing dense vectors", 0, func(t *testing.T, dir string) {
 			require.NoError(t, os.Remove(snapFile(t, dir, vectorsFile)))
 		}},
-		{"truncated dense graph", -1, func(t *testing.T, dir string) {
-			truncate(t, snapFile(t, dir, graphFile), 0.5)
+		{"truncated dense graph of format 1", -1, func(t *testing.T, dir string) {
+			toGraphOnlyFormat(t, dir)
+			truncate(t, filepath.Join(dir, graphFile), 0.5)
 		}},
 		{"missing file list", 0, func(t *testing.T, dir string) {
 			require.NoError(t, os.Remove(snapFile(t, dir, filesFile)))

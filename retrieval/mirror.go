@@ -169,13 +169,13 @@ func (m *Mirror) prints() map[string]uint64 {
 }
 
 // target reads what the index holds of one file (false: nothing now).
-func (m *Mirror) target(key string) (mirrorTarget, bool) {
+func (m *Mirror) target(key string) (mirrorTarget, bool, error) {
 	ix := m.ix
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	rec, ok := ix.files[key]
 	if !ok {
-		return mirrorTarget{}, false
+		return mirrorTarget{}, false, nil
 	}
 	t := mirrorTarget{key: key, sources: slices.Clone(rec.Sources)}
 	for _, src := range rec.Sources {
@@ -186,7 +186,11 @@ func (m *Mirror) target(key string) (mirrorTarget, bool) {
 				Text: p.Text, Meta: p.Meta,
 			}
 			if ix.man.Dense {
-				if o.Vector = ix.vecs[id]; o.Vector == nil {
+				v, err := ix.vecs.vector(id)
+				if err != nil {
+					return mirrorTarget{}, false, fmt.Errorf("mirror %s: %w", key, err)
+				}
+				if o.Vector = v; v == nil {
 					t.waiting = true
 				}
 			}
@@ -199,7 +203,7 @@ func (m *Mirror) target(key string) (mirrorTarget, bool) {
 		pids[i] = o.PID
 	}
 	t.print = mirrorPrint(pids)
-	return t, true
+	return t, true, nil
 }
 
 // MirrorReport is what one Sync round did.
@@ -243,7 +247,10 @@ func (m *Mirror) Sync(ctx context.Context) (rep MirrorReport, err error) {
 		if w, ok := m.written[key]; ok && w.Print == want[key] {
 			continue
 		}
-		t, ok := m.target(key)
+		t, ok, err := m.target(key)
+		if err != nil {
+			return rep, err
+		}
 		if !ok {
 			continue // deleted meanwhile: the next round drops it
 		}

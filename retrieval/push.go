@@ -70,9 +70,12 @@ func Push(ctx context.Context, ix *Index, store *weaviate.Client, layout weaviat
 		}
 		if man.Dense {
 			ix.mu.RLock()
-			o.Vector = ix.vecs[p.ID]
+			v, err := ix.vecs.vector(p.ID)
 			ix.mu.RUnlock()
-			if o.Vector == nil {
+			if err != nil {
+				return failed, fmt.Errorf("push %s: %w", ix.dir, err)
+			}
+			if o.Vector = v; v == nil {
 				return failed, fmt.Errorf("push %s: passage %d has no vector", ix.dir, p.ID)
 			}
 		}

@@ -460,6 +460,17 @@ func (ix *Index) EmbedPending(ctx context.Context, n int) (int, error) {
 	return len(ps), nil
 }
 
+// VectorsInMemory counts the vectors computed since the last checkpoint,
+// which only memory holds until the next.
+func (ix *Index) VectorsInMemory() int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if ix.vecs == nil {
+		return 0
+	}
+	return len(ix.vecs.mem)
+}
+
 // Checkpoint writes a snapshot of the index and empties its journal, when
 // the snapshot lacks anything (journaled changes, vectors).
 func (ix *Index) Checkpoint() error {

@@ -136,24 +136,14 @@ func (ix *Index) search(ctx context.Context, query string, k int, mode Mode, f F
 	switch {
 	case qv == nil:
 	case filtered && len(allowed) <= exactFilterMax:
-		vecs := make(map[uint64][]float32, len(allowed))
-		for id := range allowed {
-			if v := ix.vecs[id]; v != nil {
-				vecs[id] = v
-			}
-		}
-		sem = exactSearch(vecs, qv, pool)
-	case ix.graph == nil || !ix.needGraph(len(ix.vecs)):
-		// Also while a writer has yet to build or drop the graph that the
-		// new count calls for.
-		if filtered {
-			sem = exactSearchWhere(ix.vecs, qv, pool, live)
-		} else {
-			sem = exactSearch(ix.vecs, qv, pool)
-		}
+		sem, err = ix.vecs.scoreAmong(qv, pool, allowed)
+	case filtered:
+		sem, err = ix.vecs.search(qv, pool, live, ix.opts.ExactDenseMax)
 	default:
-		dead := max(0, ix.graph.Len()-len(ix.vecs))
-		sem = graphSearch(ix.graph, qv, pool, dead, live)
+		sem, err = ix.vecs.search(qv, pool, nil, ix.opts.ExactDenseMax)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("search %s: %w", ix.dir, err)
 	}
 	hits := best(fuse(mode, lex, upper, sem, pool, ix.isPendingLocked), k)
 	for i := range hits {

@@ -56,9 +56,9 @@ type Manifest struct {
 	Passages    int       `json:"passages"`
 	Sources     int       `json:"sources"`
 	Files       int       `json:"files"`
-	// GraphNodes counts the HNSW graph's nodes, deleted passages not yet
-	// compacted away included. 0: the index keeps no graph (it is searched
-	// exactly) or an empty one, and its vectors are in dense.vec.
+	// GraphNodes counts the nodes of the HNSW graph that held the vectors
+	// of indexes written before vectorStore (dense.hnsw), deleted passages
+	// included; 0: the vectors are in dense.vec. Only read.
 	GraphNodes int    `json:"graph_nodes"`
 	NextID     uint64 `json:"next_id"`
 	// JournalSeq is the last journaled change the snapshot holds; Open
@@ -239,78 +239,42 @@ const (
 	vecHeaderSize = len(vecMagic) + 4 + 4 + 8
 )
 
-func writeVectors(path string, dims int, vecs map[uint64][]float32) error {
-	ids := slices.Sorted(maps.Keys(vecs))
-	return atomicfile.Write(path, func(w io.Writer) error {
-		hdr := append([]byte(vecMagic), make([]byte, vecHeaderSize-len(vecMagic))...)
-		binary.LittleEndian.PutUint32(hdr[8:], vecVersion)
-		binary.LittleEndian.PutUint32(hdr[12:], uint32(dims))
-		binary.LittleEndian.PutUint64(hdr[16:], uint64(len(ids)))
-		if _, err := w.Write(hdr); err != nil {
-			return err
-		}
-		rec := make([]byte, 8+4*dims)
-		for _, id := range ids {
-			binary.LittleEndian.PutUint64(rec, id)
-			for i, x := range vecs[id] {
-				binary.LittleEndian.PutUint32(rec[8+4*i:], math.Float32bits(x))
-			}
-			if _, err := w.Write(rec); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+// writeVectorsHeader writes the vectors file's header: magic, version,
+// dimensions and count. Records follow, by passage id: the id, then the
+// vector's float32s, little-endian.
+func writeVectorsHeader(w io.Writer, dims, n int) error {
+	hdr := append([]byte(vecMagic), make([]byte, vecHeaderSize-len(vecMagic))...)
+	binary.LittleEndian.PutUint32(hdr[8:], vecVersion)
+	binary.LittleEndian.PutUint32(hdr[12:], uint32(dims))
+	binary.LittleEndian.PutUint64(hdr[16:], uint64(n))
+	_, err := w.Write(hdr)
+	return err
 }
 
-// readVectors returns the vectors and their dimensions. The header's
+func putRecord(rec []byte, id uint64, v []float32) {
+	binary.LittleEndian.PutUint64(rec, id)
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(rec[8+4*i:], math.Float32bits(x))
+	}
+}
+
+// parseVectorsHeader returns the dimensions and count a header gives. The
 // count must match the file's size, so a truncated file, or a damaged
 // header that would have it allocate gigabytes, is refused up front.
-func readVectors(path string) (map[uint64][]float32, int, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.Close()
-	info, err := f.Stat()
-	if err != nil {
-		return nil, 0, err
-	}
-	r := bufio.NewReaderSize(f, 1<<20)
-	hdr := make([]byte, vecHeaderSize)
-	if _, err := io.ReadFull(r, hdr); err != nil {
-		return nil, 0, fmt.Errorf("%s header: %w", vectorsFile, err)
-	}
+func parseVectorsHeader(hdr []byte, size int64) (int, uint64, error) {
 	if string(hdr[:8]) != vecMagic {
-		return nil, 0, fmt.Errorf("%s: not a vectors file", vectorsFile)
+		return 0, 0, fmt.Errorf("%s: not a vectors file", vectorsFile)
 	}
 	if v := binary.LittleEndian.Uint32(hdr[8:]); v != vecVersion {
-		return nil, 0, fmt.Errorf("%s: version %d, this build reads %d", vectorsFile, v, vecVersion)
+		return 0, 0, fmt.Errorf("%s: version %d, this build reads %d", vectorsFile, v, vecVersion)
 	}
 	dims := int(binary.LittleEndian.Uint32(hdr[12:]))
 	n := binary.LittleEndian.Uint64(hdr[16:])
 	recSize := 8 + 4*int64(dims)
-	if body := info.Size() - int64(vecHeaderSize); body%recSize != 0 || uint64(body/recSize) != n {
-		return nil, 0, fmt.Errorf("%s: %d bytes, not %d vectors of %d dimensions", vectorsFile, info.Size(), n, dims)
+	if body := size - int64(vecHeaderSize); body%recSize != 0 || uint64(body/recSize) != n {
+		return 0, 0, fmt.Errorf("%s: %d bytes, not %d vectors of %d dimensions", vectorsFile, size, n, dims)
 	}
-	vecs := make(map[uint64][]float32, n)
-	slab := make([]float32, int(n)*dims) // one allocation for all vectors
-	rec := make([]byte, recSize)
-	for i := range int(n) {
-		if _, err := io.ReadFull(r, rec); err != nil {
-			return nil, 0, fmt.Errorf("%s vector %d: %w", vectorsFile, i, err)
-		}
-		id := binary.LittleEndian.Uint64(rec)
-		if _, dup := vecs[id]; dup {
-			return nil, 0, fmt.Errorf("%s: duplicate passage id %d", vectorsFile, id)
-		}
-		v := slab[i*dims : (i+1)*dims : (i+1)*dims]
-		for j := range v {
-			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(rec[8+4*j:]))
-		}
-		vecs[id] = v
-	}
-	return vecs, dims, nil
+	return dims, n, nil
 }
 
 func readFiles(path string) (map[string]*fileRecord, error) {

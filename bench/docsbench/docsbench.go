@@ -10,6 +10,7 @@ package docsbench
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,9 +53,13 @@ type Options struct {
 	// Formats is make formats' folder of real files, scored for
 	// extraction ("": not scored).
 	Formats string
-	Cores   string
-	Work    string // a folder for the indexes
-	Log     func(format string, args ...any)
+	// EmbedModel, if set, makes the device's index dense, embedded with
+	// it (a GGUF, or "random" for the memory and time of vectors without
+	// the hours of embedding ten mailboxes).
+	EmbedModel string
+	Cores      string
+	Work       string // a folder for the indexes
+	Log        func(format string, args ...any)
 }
 
 // Percentiles of a measurement, in milliseconds.
@@ -70,6 +75,10 @@ type ScalePoint struct {
 	SearchP95MS float64 `json:"search_p95_ms"`
 	AddMSP50    float64 `json:"add_ms_p50"`
 	RSSMB       float64 `json:"rss_mb"`
+	// SettleS is how long a dense index took, after the feed, to have
+	// every vector computed and written to its vectors file, which the
+	// measurements wait for: the device's state between bursts of mail.
+	SettleS float64 `json:"settle_s,omitempty"`
 }
 
 // TTFT is the time to first token's 95th percentile, idle and while
@@ -114,8 +123,12 @@ type device struct {
 }
 
 func (o Options) start(index string) (*device, error) {
-	d, err := aggbench.StartDaemon("device", o.Cores, nil, o.Binary, "device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
-		"--model", o.Model, "--index", index, "--cloud", "", "--profile", "", "--rerank-model", "", "--threads", "1", "--kv-cache-mb", "0")
+	args := []string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+		"--model", o.Model, "--index", index, "--cloud", "", "--profile", "", "--rerank-model", "", "--threads", "1", "--kv-cache-mb", "0"}
+	if o.EmbedModel != "" {
+		args = append(args, "--embed-model", o.EmbedModel)
+	}
+	d, err := aggbench.StartDaemon("device", o.Cores, nil, append([]string{o.Binary}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -281,11 +294,64 @@ func (o Options) emptyIndex(ctx context.Context, dir string) error {
 	if err := os.MkdirAll(empty, 0o755); err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, o.Binary, "index", "build", "--dir", dir, "--model", o.Model, "--dense=false", empty).CombinedOutput()
+	args := []string{"index", "build", "--dir", dir, "--model", o.Model, "--dense=false", empty}
+	if o.EmbedModel != "" {
+		args = []string{"index", "build", "--dir", dir, "--model", o.Model, "--dense", "--embed-model", o.EmbedModel, empty}
+	}
+	out, err := exec.CommandContext(ctx, o.Binary, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("index build: %w\n%s", err, out)
 	}
 	return nil
+}
+
+// settle waits until the dense index at dir has all of its passages'
+// vectors on disk: none pending, and the newest vectors file holding as
+// many as there are passages.
+func settle(ctx context.Context, dv *device, dir string, passages int) error {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		var st struct {
+			Pending int `json:"pending_vectors"`
+		}
+		if _, err := dv.getJSON(ctx, "/v1/documents/stats", &st); err != nil {
+			return err
+		}
+		if st.Pending == 0 && vectorsOnDisk(dir) == passages {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("dense index %s not settled after 10 minutes (%d pending, %d of %d vectors on disk)", dir, st.Pending, vectorsOnDisk(dir), passages)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// vectorsOnDisk is the count in the header of the newest dense-G.vec in
+// dir (-1 if none can be read).
+func vectorsOnDisk(dir string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, "dense-*.vec"))
+	best, gen := "", -1
+	for _, n := range names {
+		g, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "dense-"), ".vec"))
+		if err == nil && g > gen {
+			best, gen = n, g
+		}
+	}
+	f, err := os.Open(best)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	hdr := make([]byte, 24)
+	if _, err := io.ReadFull(f, hdr); err != nil {
+		return -1
+	}
+	return int(binary.LittleEndian.Uint64(hdr[16:]))
 }
 
 // feed uploads one copy of the mailbox under the prefix, a batch at a
@@ -397,6 +463,13 @@ func Run(ctx context.Context, o Options) (Report, error) {
 			return err
 		}
 		p := ScalePoint{Copies: copies, Passages: st.Passages}
+		if o.EmbedModel != "" {
+			t := time.Now()
+			if err := settle(ctx, dv, index, st.Passages); err != nil {
+				return err
+			}
+			p.SettleS = time.Since(t).Seconds()
+		}
 		rng := rand.New(rand.NewPCG(uint64(copies), 1))
 		var searches, adds []float64
 		for range 100 {

@@ -141,26 +141,14 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 		switch {
 		case b == "bleve":
 			// The bleve index as the daemons open it: past
-			// retrieval.DefaultExactDenseMax passages it searches an
-			// HNSW graph, which the exact reference lacks, so the open
-			// builds one, and indexing for the daemons takes that long
-			// more.
-			graph := n > retrieval.DefaultExactDenseMax
-			if graph {
-				o.Log("bleve: building the HNSW graph of %d passages on open", n)
-			}
-			t0 := time.Now()
+			// retrieval.DefaultExactDenseMax passages it searches through
+			// its vectors' codes, where the reference scores every vector.
 			ix, err := retrieval.Open(filepath.Join(o.Dir, "bleve"), retrieval.Options{ReadOnly: true, Embedder: o.Embedder})
 			if err != nil {
 				return out, err
 			}
 			s, stop = ix, func() { ix.Close() }
 			indexS := buildS
-			if graph {
-				openS := time.Since(t0).Seconds()
-				indexS += openS
-				o.Log("bleve: opened with its graph in %.0fs, counted in its ingest rate", openS)
-			}
 			ingest = float64(n) / indexS
 			rss = func() float64 { return float64(selfRSS()-before) / (1 << 20) }
 		case strings.HasPrefix(b, "engine-"):
@@ -260,9 +248,8 @@ func Scale(ctx context.Context, o ScaleOptions) (map[string]ScalePoint, error) {
 }
 
 // referenceIndex builds the exact index (or, on reuse, opens the one an
-// earlier run built) and says how long building took. Searched exactly
-// at any size, it keeps no HNSW graph, which would be most of the time a
-// build takes.
+// earlier run built) and says how long building took. It is searched
+// exactly at any size.
 func referenceIndex(ctx context.Context, o ScaleOptions) (*retrieval.Index, float64, error) {
 	dir := filepath.Join(o.Dir, "bleve")
 	secFile := dir + ".build-s"

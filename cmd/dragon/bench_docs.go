@@ -82,6 +82,7 @@ restart; and extraction on make formats' real files (--formats).`,
 	f.IntVar(&o.Kills, "kills", 20, "kill -9 cycles")
 	f.IntVar(&o.Batch, "batch", 256, "files per upload request")
 	f.IntVar(&nq, "questions", 8, "questions for the time to first token")
+	f.StringVar(&o.EmbedModel, "dense-embed-model", "", "make the device's index dense, embedded with this model (a GGUF, or random: vectors of no meaning, for memory and speed at scale); empty: BM25 only, as make run's")
 	f.StringVar(&o.Cores, "cores", "1", "taskset cores of the device (empty: any)")
 	f.StringVar(&o.Binary, "binary", "", "the dragon binary to run the device with (default: this one)")
 	f.BoolVar(&asJSON, "json", false, "print the report as JSON")

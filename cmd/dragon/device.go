@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -170,6 +171,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 				lib := library.New(s.index, library.Options{
 					Limits: library.Limits{FileBytes: int64(maxUploadMB) << 20}, Busy: srv.Generating,
 					OnRemove: dropCachedPassages(s.decoder.Cache, s.model, log), Logger: log,
+					Checkpointed: debug.FreeOSMemory,
 				})
 				// The library's last checkpoint comes before the index
 				// closes (deferred above).

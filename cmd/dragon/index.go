@@ -45,7 +45,7 @@ func newIndexCmd() *cobra.Command {
 		Long: `An index directory holds the passages of text, Markdown, mail (.eml) and mbox
 (with their attachments), PDF (its text layer, with page numbers), HTML (the
 visible text) and DOCX files, cut into passages of --chunk-tokens model tokens, a BM25 index and, with
---dense, embeddings in an HNSW graph: from the sentence-embedding model
+--dense, embeddings (on disk, with one bit a dimension in memory): from the sentence-embedding model
 (--embed-model, all-MiniLM-L6-v2 by default), or with --embed-model chat from
 the chat model's own hidden states (prompt-pooled; far slower, and not
 trained for retrieval).`,
@@ -309,8 +309,8 @@ func printStats(out io.Writer, s retrieval.Stats, asJSON bool) error {
 	fmt.Fprintf(out, "files       %d\nsources     %d\npassages    %d (%d tokens)\n", m.Files, m.Sources, m.Passages, s.Tokens)
 	fmt.Fprintf(out, "chunking    %d tokens, overlap %d\ntokenizer   %s\n", m.ChunkTokens, m.Overlap, m.Tokenizer)
 	if m.Dense {
-		fmt.Fprintf(out, "dense       %d dimensions, %d graph nodes (%d deleted, awaiting compaction)\nembedder    %s\n",
-			m.Dims, m.GraphNodes, s.Tombstones, m.Embedder)
+		fmt.Fprintf(out, "dense       %d dimensions (%d deleted, dropped at the next checkpoint)\nembedder    %s\n",
+			m.Dims, s.Tombstones, m.Embedder)
 	} else {
 		fmt.Fprintf(out, "dense       no (BM25 only)\n")
 	}

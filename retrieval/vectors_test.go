@@ -5,11 +5,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/coder/hnsw"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,41 +35,18 @@ func passageFiles(n0, n1 int) map[string]string {
 	return files
 }
 
-// graphOptions index passageFiles with a tiny ExactDenseMax, logging into
-// logs. The vectors have 8 dimensions: in 32, coder/hnsw's early-stopping
-// search (see graphSearch) misses 2 of these 400 passages' own vectors,
-// which is the graph's recall, not what these tests check.
-func graphOptions(exactMax int, logs *bytes.Buffer) Options {
+// codeOptions index passageFiles with a tiny ExactDenseMax, logging into
+// logs, so that searches past it go through the codes.
+func codeOptions(exactMax int, logs *bytes.Buffer) Options {
 	return Options{
-		Tokenizer: newWordTokenizer(), Embedder: RandomEmbedder{Dims: 8}, Chunk: ChunkOptions{Tokens: 16},
+		Tokenizer: newWordTokenizer(), Embedder: RandomEmbedder{Dims: 32}, Chunk: ChunkOptions{Tokens: 16},
 		ExactDenseMax: exactMax, CommitEvery: 64, Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	}
 }
 
-// assertGraph checks that ix keeps a graph of nodes vectors in memory and
-// on disk, which holds the vectors, or none (nodes 0) and the vectors in
-// their own file.
-func assertGraph(t *testing.T, ix *Index, nodes int) {
-	t.Helper()
-	if nodes == 0 {
-		assert.Nil(t, ix.graph)
-		assert.NoFileExists(t, snapFile(t, ix.dir, graphFile))
-		assert.FileExists(t, snapFile(t, ix.dir, vectorsFile))
-	} else if assert.NotNil(t, ix.graph) {
-		assert.Equal(t, nodes, ix.graph.Len())
-		assert.FileExists(t, snapFile(t, ix.dir, graphFile))
-		assert.NoFileExists(t, snapFile(t, ix.dir, vectorsFile))
-	}
-	assert.Equal(t, nodes, ix.Stats().Manifest.GraphNodes)
-}
-
 // assertFindsItself checks that dense search for each passage's own text
-// (so its own vector) ranks that passage first. Searched exactly, every
-// passage must. Through the graph, coder/hnsw enters its top layer at
-// whichever node Go's map order gives and stops its beam early, so one
-// graph in six misses one passage of these 400 (100 builds, 2026-11-27).
-// That is the graph's recall, not what these tests check: up to 1% may be
-// missed.
+// (so its own vector) ranks that passage first, with cosine 1: searched
+// through the codes too, a vector's own code is at distance 0.
 func assertFindsItself(t *testing.T, ix *Index) {
 	t.Helper()
 	ix.mu.RLock()
@@ -74,116 +54,101 @@ func assertFindsItself(t *testing.T, ix *Index) {
 	for _, p := range ix.passages {
 		ps = append(ps, *p)
 	}
-	graph := ix.graph != nil
 	ix.mu.RUnlock()
 	require.NotEmpty(t, ps)
-	var missed []uint64
 	for _, p := range ps {
 		hits, err := ix.Search(t.Context(), p.Text, 3, ModeDense)
 		require.NoError(t, err)
 		require.NotEmpty(t, hits)
-		if hits[0].Passage.ID != p.ID {
-			missed = append(missed, p.ID)
-			continue
+		if assert.Equal(t, p.ID, hits[0].Passage.ID, "passage %d", p.ID) {
+			assert.InDelta(t, 1, hits[0].Cosine, 1e-5)
 		}
-		assert.InDelta(t, 1, hits[0].Cosine, 1e-5)
 	}
-	if !graph {
-		assert.Empty(t, missed, "searched exactly, every passage finds itself")
-		return
-	}
-	t.Logf("graph missed %d of %d passages' own vectors", len(missed), len(ps))
-	assert.LessOrEqual(t, len(missed)*100, len(ps), "the graph missed passages %v", missed)
 }
 
-func TestGraphIsKeptOnlyPastExactDenseMax(t *testing.T) {
+// assertVectorsOnDisk checks that the vectors of a checkpointed index are
+// all in its vectors file, none in memory, and that no graph is written.
+func assertVectorsOnDisk(t *testing.T, ix *Index, n int) {
+	t.Helper()
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	assert.Equal(t, n, ix.vecs.Len())
+	assert.Equal(t, n, ix.vecs.inFile)
+	assert.Empty(t, ix.vecs.mem)
+	assert.Zero(t, ix.vecs.tombstones())
+	assert.FileExists(t, snapFile(t, ix.dir, vectorsFile))
+	assert.NoFileExists(t, snapFile(t, ix.dir, graphFile))
+	assert.Zero(t, ix.man.GraphNodes)
+}
+
+func TestDenseSearchThroughCodes(t *testing.T) {
 	root := t.TempDir()
 	corpus, more := filepath.Join(root, "corpus"), filepath.Join(root, "corpus", "more")
 	writeFiles(t, corpus, passageFiles(0, 20))
-	writeFiles(t, more, passageFiles(20, 200))
+	writeFiles(t, more, passageFiles(20, 400))
 	var logs bytes.Buffer
-	opts := graphOptions(50, &logs)
+	opts := codeOptions(50, &logs)
 
 	ix, _, err := Build(t.Context(), filepath.Join(root, "index"), opts, filepath.Join(corpus, "f000.txt"))
 	require.NoError(t, err)
 	defer func() { ix.Close() }()
-	assertGraph(t, ix, 0)
+	assertVectorsOnDisk(t, ix, 2)
 
-	// Growing past 50 passages (in commits of 64) builds the graph once,
-	// from the vectors; later commits add to it.
+	// Past 50 passages, searches rank by codes; every commit writes the
+	// vectors out.
 	rep, err := ix.Add(t.Context(), corpus)
 	require.NoError(t, err)
-	require.Equal(t, 398, rep.Passages)
-	assertGraph(t, ix, 400)
-	assert.Equal(t, 1, strings.Count(logs.String(), "building the dense graph"), logs.String())
+	require.Equal(t, 798, rep.Passages)
+	assertVectorsOnDisk(t, ix, 800)
 	assertFindsItself(t, ix)
 
-	// Reopened, it reads the graph rather than building it again.
 	require.NoError(t, ix.Close())
 	ix, err = Open(filepath.Join(root, "index"), opts)
 	require.NoError(t, err)
-	assertGraph(t, ix, 400)
-	assert.Equal(t, 1, strings.Count(logs.String(), "building the dense graph"))
+	assertVectorsOnDisk(t, ix, 800)
 	assertFindsItself(t, ix)
 
-	// Shrinking back to 40 passages drops it, and on disk too from the
-	// next checkpoint (Close makes one).
+	// A delete takes the vectors out of searches at once, and out of the
+	// file at the next checkpoint (Close makes one).
 	n, err := ix.Delete(more)
 	require.NoError(t, err)
-	require.Equal(t, 360, n)
-	assert.Nil(t, ix.graph)
-	assert.Contains(t, logs.String(), "dropping the dense graph")
+	require.Equal(t, 760, n)
+	assert.Equal(t, 760, ix.Stats().Tombstones)
 	assertFindsItself(t, ix)
 	require.NoError(t, ix.Close())
 	ix, err = Open(filepath.Join(root, "index"), opts)
 	require.NoError(t, err)
-	assertGraph(t, ix, 0)
+	assertVectorsOnDisk(t, ix, 40)
 	assertFindsItself(t, ix)
 }
 
 func TestReopenWithAnotherExactDenseMax(t *testing.T) {
-	tests := []struct {
+	for _, tc := range []struct {
 		name              string
 		buildMax, openMax int
 		readOnly          bool
-		wantGraph         bool // searched through a graph
-		wantBuilt         bool // which the open built from the vectors
-		wantFile          bool // dense.hnsw, not dense.vec, after closing
 	}{
-		{"exact index opened exactly", exactOnly, exactOnly, false, false, false, false},
-		{"exact index opened to search a graph", exactOnly, 50, true, true, true, false},
-		{"graph index opened to search it", 50, 50, true, true, false, true},
-		{"graph index opened exactly", 50, exactOnly, true, false, false, true},
-	}
-	for _, tc := range tests {
+		{"exact index opened exactly", exactOnly, exactOnly, false},
+		{"exact index opened to search codes", exactOnly, 50, true},
+		{"codes opened to search them", 50, 50, true},
+		{"codes opened exactly", 50, exactOnly, false},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			writeFiles(t, root, passageFiles(0, 100))
 			dir := filepath.Join(root, "index")
 			var logs bytes.Buffer
-			ix, _, err := Build(t.Context(), dir, graphOptions(tc.buildMax, &logs), root)
+			ix, _, err := Build(t.Context(), dir, codeOptions(tc.buildMax, &logs), root)
 			require.NoError(t, err)
 			require.NoError(t, ix.Close())
-			assert.Equal(t, tc.buildMax != exactOnly, strings.Contains(logs.String(), "building the dense graph"),
-				"only a graph index builds a graph")
 
-			logs.Reset()
-			opts := graphOptions(tc.openMax, &logs)
+			opts := codeOptions(tc.openMax, &logs)
 			opts.ReadOnly = tc.readOnly
 			ix, err = Open(dir, opts)
 			require.NoError(t, err)
-			assert.Equal(t, tc.wantGraph, ix.graph != nil)
-			if tc.wantBuilt {
-				assert.Contains(t, logs.String(), `building the dense graph" dir=`+dir+" passages=200")
-			} else {
-				assert.NotContains(t, logs.String(), "building the dense graph")
-			}
+			assertVectorsOnDisk(t, ix, 200)
 			assertFindsItself(t, ix)
 			require.NoError(t, ix.Close())
-			_, err = os.Stat(snapFile(t, dir, graphFile))
-			assert.Equal(t, tc.wantFile, err == nil, "graph file: %v", err)
-			_, err = os.Stat(snapFile(t, dir, vectorsFile))
-			assert.Equal(t, !tc.wantFile, err == nil, "vectors file: %v", err)
 		})
 	}
 }
@@ -193,10 +158,15 @@ func TestReopenWithAnotherExactDenseMax(t *testing.T) {
 func toGraphOnlyFormat(t *testing.T, dir string) {
 	t.Helper()
 	toPlainFormat(t, dir)
-	vecs, _, err := readVectors(filepath.Join(dir, vectorsFile))
+	vs, err := openVectorStore(filepath.Join(dir, vectorsFile), func(uint64) bool { return true })
 	require.NoError(t, err)
-	g := rebuildGraph(vecs)
-	require.NoError(t, writeGraph(filepath.Join(dir, graphFile), g))
+	g := hnsw.NewGraph[uint64]()
+	require.NoError(t, vs.each(func(i int, v []float32) { g.Add(hnsw.MakeNode(vs.ids[i], slices.Clone(v))) }))
+	require.NoError(t, vs.close())
+	f, err := os.Create(filepath.Join(dir, graphFile))
+	require.NoError(t, err)
+	require.NoError(t, g.Export(f))
+	require.NoError(t, f.Close())
 	require.NoError(t, os.Remove(filepath.Join(dir, vectorsFile)))
 	man, err := readManifest(dir)
 	require.NoError(t, err)
@@ -220,30 +190,20 @@ func TestOpensGraphOnlyFormat(t *testing.T) {
 	require.NoError(t, ix.Close())
 	toGraphOnlyFormat(t, dir)
 
-	// Searched exactly, the old index finds what it found before; searched
-	// through its graph, it reads the graph rather than building one.
-	for _, exactMax := range []int{0, 1} {
-		var logs bytes.Buffer
-		old, err := Open(dir, Options{Embedder: emb, Tokenizer: tok, ReadOnly: true, ExactDenseMax: exactMax, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	// Opened, the old index holds its vectors in memory and finds what it
+	// found before, scanned whole or through its codes.
+	for _, exactMax := range []int{0, -1} {
+		old, err := Open(dir, Options{Embedder: emb, Tokenizer: tok, ReadOnly: true, ExactDenseMax: exactMax})
 		require.NoError(t, err)
-		if exactMax == 0 {
-			assert.Nil(t, old.graph)
-			for key, want := range before {
-				q, m, _ := strings.Cut(key, "/")
-				mode, err := ParseMode(m)
-				require.NoError(t, err)
-				got, err := old.Search(t.Context(), q, 4, mode)
-				require.NoError(t, err)
-				assert.Equal(t, want, got, key)
-			}
-		} else {
-			require.NotNil(t, old.graph)
-			assert.Equal(t, passages, old.graph.Len())
-			assert.NotContains(t, logs.String(), "building the dense graph")
-			hits, err := old.Search(t.Context(), "A doctor gave drugs for his sickness", 1, ModeDense)
+		assert.Equal(t, passages, old.vecs.Len())
+		assert.Len(t, old.vecs.mem, passages)
+		for key, want := range before {
+			q, m, _ := strings.Cut(key, "/")
+			mode, err := ParseMode(m)
 			require.NoError(t, err)
-			require.Len(t, hits, 1)
-			assert.Equal(t, filepath.Join(corpus, "medicine.txt"), hits[0].Passage.Source)
+			got, err := old.Search(t.Context(), q, 4, mode)
+			require.NoError(t, err)
+			assert.Equal(t, want, got, key)
 		}
 		require.NoError(t, old.Close())
 	}
@@ -263,21 +223,39 @@ func TestOpensGraphOnlyFormat(t *testing.T) {
 	re, err := Open(dir, Options{Embedder: emb, Tokenizer: tok})
 	require.NoError(t, err)
 	defer re.Close()
-	assertGraph(t, re, 0)
+	assertVectorsOnDisk(t, re, passages+1)
 	hits, err := re.Search(t.Context(), "lighthouse keeper", 1, ModeDense)
 	require.NoError(t, err)
 	require.Len(t, hits, 1)
 	assert.Equal(t, filepath.Join(corpus, "new.txt"), hits[0].Passage.Source)
 }
 
+// storeOf returns a store of vecs, written to path and read back.
+func storeOf(t *testing.T, path string, vecs map[uint64][]float32) *vectorStore {
+	t.Helper()
+	s := newVectorStore(0)
+	for _, id := range slices.Sorted(maps.Keys(vecs)) {
+		s.set(id, vecs[id])
+	}
+	ns, err := s.write(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.close() })
+	return ns
+}
+
 func TestVectorsFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), vectorsFile)
 	for _, vecs := range []map[uint64][]float32{{}, randomUnitVecs(t, 50, 8, 3)} {
-		require.NoError(t, writeVectors(path, 8, vecs))
-		got, dims, err := readVectors(path)
+		storeOf(t, path, vecs)
+		got, err := openVectorStore(path, func(id uint64) bool { return vecs[id] != nil })
 		require.NoError(t, err)
-		assert.Equal(t, 8, dims)
-		assert.Equal(t, vecs, got)
+		assert.Equal(t, len(vecs), got.Len())
+		for id, want := range vecs {
+			v, err := got.vector(id)
+			require.NoError(t, err)
+			assert.Equal(t, want, v, "passage %d", id)
+		}
+		require.NoError(t, got.close())
 	}
 
 	good, err := os.ReadFile(path)
@@ -298,11 +276,15 @@ func TestVectorsFile(t *testing.T) {
 			copy(b[vecHeaderSize+rec:], b[vecHeaderSize:vecHeaderSize+8])
 			return b
 		}, "duplicate passage id 1"},
+		{"a passage the index lacks", func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[vecHeaderSize:], 999)
+			return b
+		}, "passage 999, which the index does not hold"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			require.NoError(t, os.WriteFile(path, tc.break_(bytes.Clone(good)), 0o644))
-			_, _, err := readVectors(path)
+			_, err := openVectorStore(path, func(id uint64) bool { return id <= 50 })
 			assert.ErrorContains(t, err, tc.want)
 		})
 	}
