@@ -408,6 +408,29 @@ func (s *Server) retrieve(ctx context.Context, req session.Request) ([]decoder.P
 	return ps, nil
 }
 
+// hangUp ends a session whose handshake failed without cancelling it
+// first: the cloud still reads what was sent (our Hello, and why we
+// refused its own), so that its log says why too. Cancelled at once, the
+// stream could end before the cloud reads them; its operator would see
+// only "context canceled". The wait is bounded: a cloud that does not
+// end the stream is cut off by the caller's cancel.
+func hangUp(conn dragonv1.PeerService_SessionClient) {
+	_ = conn.CloseSend()
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			if _, err := conn.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-ended:
+	case <-time.After(time.Second):
+	}
+}
+
 // withCloud runs a generation that uses the cloud, in the request's mode.
 func (s *Server) withCloud(ctx context.Context, req session.Request, opts session.Options, emit session.Emit, note func(*dragonv1.Progress)) (_ session.Summary, passages []decoder.Passage, _ error) {
 	// The Hello and the Begin go out together, and this side retrieves and
@@ -460,6 +483,11 @@ func (s *Server) withCloud(ctx context.Context, req session.Request, opts sessio
 	}
 	hs := <-shook
 	if hs.err != nil {
+		// Unless the wait timed out: AwaitHello's Recv may then still be
+		// pending, and a stream takes one Recv at a time.
+		if !errors.Is(hs.err, context.DeadlineExceeded) && !errors.Is(hs.err, context.Canceled) {
+			hangUp(conn)
+		}
 		return session.Summary{}, passages, hs.err
 	}
 	name := hs.peer.GetModelName()

@@ -82,6 +82,10 @@ func (m Manifest) file(base string) string {
 // without opening it.
 func (m Manifest) PassagesFile() string { return m.file(passagesFile) }
 
+// VectorsFile is the name, inside the index directory, of the file of the
+// snapshot's dense vectors.
+func (m Manifest) VectorsFile() string { return m.file(vectorsFile) }
+
 // snapshotFile says whether name is a snapshot file of any generation (or
 // of the fixed-name formats).
 func snapshotFile(name string) bool {

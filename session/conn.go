@@ -144,7 +144,13 @@ func AwaitHello(ctx context.Context, c Conn, ours *dragonv1.Hello) (*dragonv1.He
 	var r result
 	select {
 	case <-ctx.Done():
-		return nil, fmt.Errorf("handshake: %w", ctx.Err())
+		// A Hello that came with the cancel is still read: a peer that
+		// hangs up on ours should hear why it was refused.
+		select {
+		case r = <-got:
+		default:
+			return nil, fmt.Errorf("handshake: %w", ctx.Err())
+		}
 	case r = <-got:
 	}
 	if r.err != nil {

@@ -32,6 +32,7 @@ import (
 
 	"github.com/dragon-rag/dragon/bench/aggbench"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
+	"github.com/dragon-rag/dragon/retrieval"
 )
 
 // Options configure a run.
@@ -331,18 +332,17 @@ func settle(ctx context.Context, dv *device, dir string, passages int) error {
 	}
 }
 
-// vectorsOnDisk is the count in the header of the newest dense-G.vec in
-// dir (-1 if none can be read).
+// vectorsOnDisk is the count in the header of the vectors file that
+// dir's manifest names (-1 if none can be read): the vectors a committed
+// checkpoint holds. (A newer vectors file may be on disk before its
+// checkpoint has written the passages and committed; searches measured
+// then would overlap the rest of that checkpoint.)
 func vectorsOnDisk(dir string) int {
-	names, _ := filepath.Glob(filepath.Join(dir, "dense-*.vec"))
-	best, gen := "", -1
-	for _, n := range names {
-		g, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "dense-"), ".vec"))
-		if err == nil && g > gen {
-			best, gen = n, g
-		}
+	man, err := retrieval.ReadManifest(dir)
+	if err != nil {
+		return -1
 	}
-	f, err := os.Open(best)
+	f, err := os.Open(filepath.Join(dir, man.VectorsFile()))
 	if err != nil {
 		return -1
 	}

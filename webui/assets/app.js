@@ -265,6 +265,7 @@ async function ask(prompt) {
     if (summary && summary.fallback) noteFallback();
     if (summary) {
       lastAnswer = summary;
+      renderStatus(); // now, not when the status refresh below comes back
       const follow = nearBottom();
       renderSources(li, sources);
       const meta = `${summary.tokens} tokens · first after ${(summary.ttft_ms / 1000).toFixed(1)} s · ${summary.tokens_per_second.toFixed(1)} tokens/s · decided by ${decidedBy(summary)}`;
