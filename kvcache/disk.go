@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,9 @@ type diskStore struct {
 	dir string
 	ns  string
 	log *slog.Logger
+	// beforeRename, for tests, runs in store between the write and the
+	// rename: a slow disk, or a drop racing the write.
+	beforeRename func()
 }
 
 type diskEntry struct {
@@ -67,7 +71,10 @@ func openDisk(dir, ns string, log *slog.Logger) (*diskStore, error) {
 	return &diskStore{dir: dir, ns: ns, log: log}, nil
 }
 
-// fileName names an entry by its namespace and tokens.
+// fileName names a new file for an entry: a digest of its namespace and
+// tokens, which says whose it is to a person listing the directory, and
+// a random part, so that a write finishing after its entry was dropped
+// removes its own file and never a newer entry's of the same tokens.
 func (d *diskStore) fileName(toks []engine.Token) string {
 	h := sha256.New()
 	h.Write([]byte(d.ns))
@@ -76,7 +83,7 @@ func (d *diskStore) fileName(toks []engine.Token) string {
 		binary.LittleEndian.PutUint32(b[:], uint32(t))
 		h.Write(b[:])
 	}
-	return hex.EncodeToString(h.Sum(nil)[:16]) + fileExt
+	return fmt.Sprintf("%s-%016x%s", hex.EncodeToString(h.Sum(nil)[:16]), rand.Uint64(), fileExt)
 }
 
 // scan indexes the directory's entries by their headers. Entries of
@@ -238,8 +245,12 @@ func (d *diskStore) encode(toks []engine.Token, state []byte, ends []Logits) []b
 	return b.Bytes()
 }
 
-// store writes an entry atomically (a temporary file renamed into place)
-// and returns its name and size.
+// store writes an entry atomically (a temporary file, synced, renamed
+// into place) and returns its name and size. Without the sync a crash
+// could leave the name pointing at a file whose blocks never reached the
+// disk; its checksum would refuse it, but a warm restart is what the disk
+// tier is for. The directory is not synced: an entry whose rename is lost
+// is only recomputed.
 func (d *diskStore) store(toks []engine.Token, state []byte, ends []Logits) (string, int64, error) {
 	name := d.fileName(toks)
 	data := d.encode(toks, state, ends)
@@ -248,10 +259,14 @@ func (d *diskStore) store(toks []engine.Token, state []byte, ends []Logits) (str
 		return "", 0, err
 	}
 	_, werr := f.Write(data)
+	serr := f.Sync()
 	cerr := f.Close()
-	if err := errors.Join(werr, cerr); err != nil {
+	if err := errors.Join(werr, serr, cerr); err != nil {
 		_ = os.Remove(f.Name())
 		return "", 0, err
+	}
+	if d.beforeRename != nil {
+		d.beforeRename()
 	}
 	if err := os.Rename(f.Name(), filepath.Join(d.dir, name)); err != nil {
 		_ = os.Remove(f.Name())

@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -404,9 +406,10 @@ func checkRefusal(t *testing.T, toks []engine.Token, state []byte, ends []kvcach
 	assert.Contains(t, lines[0], filepath.Base(path))
 	assert.Contains(t, lines[0], log)
 
-	// Recomputed: the next Put writes a valid file that a restart hits.
+	// Recomputed: the next Put writes a valid file (of a name of its
+	// own) that a restart hits.
 	c.Put(toks, state, ends...)
-	assert.True(t, exists(path))
+	assert.NotEqual(t, path, onlyFile(t, dir))
 	var counts []int
 	for _, l := range ends {
 		counts = append(counts, len(l.Values))
@@ -875,4 +878,128 @@ func TestDropContaining(t *testing.T) {
 
 	c2 := diskCache(t, dir, 1<<20, 1<<20, nil)
 	assert.Equal(t, 1, c2.Stats().Entries, "gone on disk too")
+}
+
+// TestDiskWriteFailureTurnsTierOff: a failed write is logged once and
+// counted, the entry stays in memory, and writes stop until diskRetry has
+// passed; the first write that works turns the tier back on.
+func TestDiskWriteFailureTurnsTierOff(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "kv")
+	var logs bytes.Buffer
+	c := diskCache(t, dir, 1<<20, 1<<20, textLog(&logs))
+	now := time.Unix(1_800_000_000, 0)
+	kvcache.SetClock(c, func() time.Time { return now })
+	// A file where the directory was: every write fails, even as root.
+	require.NoError(t, os.RemoveAll(dir))
+	require.NoError(t, os.WriteFile(dir, []byte("not a directory"), 0o644))
+
+	assert.True(t, c.Put(seq(1, 32), fill(320, 'a')), "kept in memory")
+	_, ok := look(c, seq(1, 32))
+	assert.True(t, ok)
+	assert.Equal(t, uint64(1), c.Stats().DiskErrors)
+	require.Len(t, logLines(&logs), 1)
+	assert.Contains(t, logs.String(), "a disk write failed")
+
+	assert.True(t, c.Put(seq(2, 32), fill(320, 'b')))
+	assert.Equal(t, uint64(1), c.Stats().DiskErrors, "the tier is off: no second write tried")
+	assert.Len(t, logLines(&logs), 1)
+
+	require.NoError(t, os.Remove(dir))
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	now = now.Add(kvcache.DiskRetry)
+	assert.True(t, c.Put(seq(3, 32), fill(320, 'c')))
+	assert.Equal(t, uint64(1), c.Stats().DiskErrors)
+	assert.Len(t, kvFiles(t, dir), 1, "written once the retry time has passed")
+	assert.Contains(t, logs.String(), "disk writes work again")
+}
+
+// TestDiskWriteFailureOfDiskOnlyEntry: an entry too large for memory
+// whose write fails is not kept at all.
+func TestDiskWriteFailureOfDiskOnlyEntry(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "kv")
+	c := diskCache(t, dir, 100, 1<<20, nil)
+	require.NoError(t, os.RemoveAll(dir))
+	require.NoError(t, os.WriteFile(dir, nil, 0o644))
+	assert.False(t, c.Put(seq(1, 32), fill(320, 'a')))
+	_, ok := look(c, seq(1, 32))
+	assert.False(t, ok)
+	assert.Equal(t, 0, c.Stats().Entries)
+	assert.Equal(t, uint64(1), c.Stats().DiskErrors)
+}
+
+// TestDiskWriteOutsideTheLock: while one entry's file is being written,
+// lookups and other puts go on.
+func TestDiskWriteOutsideTheLock(t *testing.T) {
+	dir := t.TempDir()
+	c := diskCache(t, dir, 1<<20, 1<<20, nil)
+	c.Put(seq(1, 32), fill(320, 'a'))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	kvcache.BeforeRename(c, func() {
+		once.Do(func() { close(entered); <-release })
+	})
+	put := make(chan bool)
+	go func() { put <- c.Put(seq(2, 32), fill(320, 'b')) }()
+	<-entered
+
+	looked := make(chan bool)
+	go func() {
+		_, ok := look(c, seq(1, 32))
+		looked <- ok
+	}()
+	select {
+	case ok := <-looked:
+		assert.True(t, ok, "a lookup during another entry's write")
+	case <-time.After(10 * time.Second):
+		t.Fatal("a lookup waited for another entry's disk write")
+	}
+	_, ok := look(c, seq(2, 32))
+	assert.True(t, ok, "the entry being written serves from memory")
+	close(release)
+	assert.True(t, <-put)
+	assert.Len(t, kvFiles(t, dir), 2)
+}
+
+// TestDropContainingWaitsForItsWrite: a drop that races an entry's write
+// returns only once the file is gone, and a restart finds nothing of it.
+func TestDropContainingWaitsForItsWrite(t *testing.T) {
+	dir := t.TempDir()
+	c := diskCache(t, dir, 1<<20, 1<<20, nil)
+	entered, release := make(chan struct{}), make(chan struct{})
+	kvcache.BeforeRename(c, func() { close(entered); <-release })
+	put := make(chan bool)
+	go func() { put <- c.Put(seq(1, 32), fill(320, 'a')) }()
+	<-entered
+
+	dropped := make(chan int)
+	go func() { dropped <- c.DropContaining([][]engine.Token{seq(1, 20)[4:]}) }()
+	select {
+	case <-dropped:
+		t.Fatal("the drop returned before the file it must remove was written")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	assert.Equal(t, 1, <-dropped)
+	assert.False(t, <-put, "the entry was dropped while it was written")
+	assert.Empty(t, kvFiles(t, dir))
+	assert.Equal(t, 0, diskCache(t, dir, 1<<20, 1<<20, nil).Stats().Entries)
+}
+
+// TestDiskDuplicateFilesAtRestart: two files of the same tokens (a crash
+// between a write and the removal of its dropped entry's file) become one
+// entry and one file.
+func TestDiskDuplicateFilesAtRestart(t *testing.T) {
+	dir := t.TempDir()
+	c := diskCache(t, dir, 1<<20, 1<<20, nil)
+	c.Put(seq(1, 32), fill(320, 'a'))
+	data, err := os.ReadFile(onlyFile(t, dir))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "copy.kv"), data, 0o644))
+
+	c2 := diskCache(t, dir, 1<<20, 1<<20, nil)
+	assert.Equal(t, 1, c2.Stats().Entries)
+	assert.Len(t, kvFiles(t, dir), 1)
+	h, ok := look(c2, seq(1, 32))
+	require.True(t, ok)
+	assert.Equal(t, fill(320, 'a'), h.State)
 }

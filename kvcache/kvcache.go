@@ -92,6 +92,10 @@ type Observer interface {
 	Evict(Tier)
 	Bytes(t Tier, n int64)
 	Restore(seconds float64)
+	// DiskError: a disk write failed. DiskOn: whether entries are being
+	// written to disk (false from a failed write until one works again).
+	DiskError()
+	DiskOn(bool)
 }
 
 // Namespace builds a Config.Namespace from the model file's identity (a
@@ -164,6 +168,10 @@ type entry struct {
 	file   string
 	freq   float64
 	prio   float64
+	// written is open while Put writes the entry's file outside the
+	// lock; memory eviction then keeps the entry (its disk copy is on the
+	// way), and a drop waits for the write so as to remove the file.
+	written chan struct{}
 }
 
 func (e *entry) size() int64 {
@@ -187,6 +195,9 @@ type Cache struct {
 	dskUsed int64
 	stats   Stats
 	disk    *diskStore
+	// diskOff is when a disk write last failed, zero while writes work.
+	diskOff time.Time
+	now     func() time.Time
 }
 
 // Stats are counters since the cache was made.
@@ -195,6 +206,7 @@ type Stats struct {
 	Misses      uint64
 	Evictions   [3]uint64 // by Tier (Memory, Disk)
 	Refused     uint64    // disk entries refused (corrupt, foreign, ...)
+	DiskErrors  uint64    // disk writes that failed
 	Entries     int
 	MemoryBytes int64
 	DiskBytes   int64
@@ -212,7 +224,7 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	c := &Cache{cfg: cfg, seed: maphash.MakeSeed(), log: cfg.Log, blocks: map[uint64][]*entry{}, entries: map[*entry]struct{}{}}
+	c := &Cache{cfg: cfg, seed: maphash.MakeSeed(), log: cfg.Log, blocks: map[uint64][]*entry{}, entries: map[*entry]struct{}{}, now: time.Now}
 	if cfg.Dir != "" {
 		if cfg.DiskBytes == 0 {
 			return nil, fmt.Errorf("kvcache: a cache directory (%s) needs a disk budget", cfg.Dir)
@@ -224,7 +236,16 @@ func New(cfg Config) (*Cache, error) {
 		c.disk = d
 		found, refused := d.scan()
 		c.stats.Refused += uint64(refused)
+		seen := map[string]bool{}
 		for _, f := range found {
+			// Two files of the same tokens: a crash after a write whose
+			// entry had been dropped or replaced. One serves.
+			k := tokensKey(f.tokens)
+			if seen[k] {
+				d.remove(f.name)
+				continue
+			}
+			seen[k] = true
 			e := &entry{tokens: f.tokens, disk: f.size, file: f.name}
 			e.hashes = c.chain(e.tokens)
 			c.insertLocked(e)
@@ -232,8 +253,18 @@ func New(cfg Config) (*Cache, error) {
 		}
 		c.evictDiskLocked(nil)
 		c.publishLocked()
+		c.observe(func(o Observer) { o.DiskOn(true) })
 	}
 	return c, nil
+}
+
+// tokensKey is a map key for a token sequence.
+func tokensKey(toks []engine.Token) string {
+	b := make([]byte, 4*len(toks))
+	for i, t := range toks {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(t))
+	}
+	return string(b)
 }
 
 // chain hashes each full block of toks, each hash covering every token
@@ -302,6 +333,9 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 	}
 	file := e.file
 	c.mu.Unlock()
+	if file == "" {
+		return Hit{}, false // its file is still being written
+	}
 
 	// Read outside the lock: a disk read takes milliseconds.
 	state, ends, err := c.disk.load(file, e.tokens)
@@ -446,9 +480,55 @@ func (c *Cache) Put(toks []engine.Token, state []byte, ends ...Logits) bool {
 		return false
 	}
 	toks = append([]engine.Token(nil), toks...)
-	hashes := c.chain(toks)
+	c.mu.Lock()
+	held, w := c.putLocked(toks, state, ends)
+	c.mu.Unlock()
+	if w == nil {
+		return held
+	}
+	// The file is written outside the lock: a slow disk then delays this
+	// Put, not every other side's lookups.
+	e := w.e
+	file, n, err := c.disk.store(toks, state, w.ends)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	defer close(e.written)
+	e.written = nil
+	_, live := c.entries[e]
+	switch {
+	case err != nil:
+		c.diskFailedLocked(err)
+		if e.mem == nil {
+			c.removeLocked(e)
+		}
+	case !live:
+		// Dropped (a deleted document's, say) or replaced while it was
+		// written; the file has a name of its own, so this removes no
+		// other entry's.
+		c.disk.remove(file)
+	default:
+		c.diskWorkedLocked()
+		e.file, e.disk = file, n
+		c.dskUsed += n
+		c.evictDiskLocked(e)
+	}
+	c.publishLocked()
+	_, live = c.entries[e]
+	return live
+}
+
+// diskWrite is an entry Put is to write to disk, with its logits (which
+// memory holds only with its state).
+type diskWrite struct {
+	e    *entry
+	ends []Logits
+}
+
+// putLocked is Put's work under the lock: it reports whether an entry
+// holds toks, and the write to disk Put is to do, if any (the entry's
+// written channel is then open until the write is done).
+func (c *Cache) putLocked(toks []engine.Token, state []byte, ends []Logits) (held bool, _ *diskWrite) {
+	hashes := c.chain(toks)
 	var prefixes []*entry
 	seen := map[*entry]bool{}
 	for _, h := range hashes {
@@ -466,34 +546,34 @@ func (c *Cache) Put(toks []engine.Token, state []byte, ends ...Logits) bool {
 			case m == len(toks): // e holds toks already, or extends it
 				c.touchLocked(e)
 				if e.mem == nil {
-					return len(ends) == 0
+					return len(ends) == 0, nil
 				}
 				merged := mergeLogits(e.ends, ends, len(toks))
 				if int64(len(e.mem))+logitsBytes(merged) > c.cfg.MemoryBytes {
-					return false
+					return false, nil
 				}
 				c.memUsed -= e.size()
 				e.ends = merged
 				c.memUsed += e.size()
 				c.evictMemLocked(e)
 				c.publishLocked()
-				return true
+				return true, nil
 			case m == len(e.tokens):
 				prefixes = append(prefixes, e)
 			}
 		}
 	}
 	if len(state) == 0 {
-		return false
+		return false, nil
 	}
 	ends = mergeLogits(nil, ends, len(toks))
 	for _, p := range prefixes {
 		ends = mergeLogits(ends, p.ends, len(toks))
 	}
 	size := int64(len(state)) + logitsBytes(ends)
-	toDisk := c.disk != nil && c.disk.fileSize(toks, len(state), ends) <= c.cfg.DiskBytes
+	toDisk := c.diskOnLocked() && c.disk.fileSize(toks, len(state), ends) <= c.cfg.DiskBytes
 	if size > c.cfg.MemoryBytes && !toDisk {
-		return false
+		return false, nil
 	}
 	e := &entry{tokens: toks, hashes: hashes}
 	for _, p := range prefixes {
@@ -508,23 +588,45 @@ func (c *Cache) Put(toks []engine.Token, state []byte, ends ...Logits) bool {
 		c.memUsed += e.size()
 		c.evictMemLocked(e)
 	}
-	if toDisk {
-		file, n, err := c.disk.store(toks, state, ends)
-		if err != nil {
-			c.log.Warn("kv cache: could not write an entry to disk", "err", err)
-		} else {
-			e.file, e.disk = file, n
-			c.dskUsed += n
-			c.evictDiskLocked(e)
-		}
-	}
-	if e.mem == nil && e.disk == 0 {
-		c.removeLocked(e)
-		c.publishLocked()
-		return false
-	}
 	c.publishLocked()
-	return true
+	if !toDisk {
+		return true, nil
+	}
+	e.written = make(chan struct{})
+	return true, &diskWrite{e, ends}
+}
+
+// diskOnLocked says whether entries are to be written to disk: there is a
+// directory, and its last write did not fail in the past diskRetry.
+func (c *Cache) diskOnLocked() bool {
+	return c.disk != nil && (c.diskOff.IsZero() || c.now().Sub(c.diskOff) >= diskRetry)
+}
+
+// diskRetry is how long the disk tier stays off after a write failed: a
+// full or failing disk then costs one failed write every few minutes,
+// not one per prefill.
+const diskRetry = 5 * time.Minute
+
+// diskFailedLocked turns the disk tier off for diskRetry after a write
+// failed. What is on disk stays readable.
+func (c *Cache) diskFailedLocked(err error) {
+	c.stats.DiskErrors++
+	c.observe(func(o Observer) { o.DiskError(); o.DiskOn(false) })
+	if c.diskOff.IsZero() {
+		c.log.Warn("kv cache: a disk write failed; entries stay in memory only, and writes are tried again later",
+			"dir", c.cfg.Dir, "retry_in", diskRetry, "err", err)
+	}
+	c.diskOff = c.now()
+}
+
+// diskWorkedLocked turns the disk tier back on after a write succeeded.
+func (c *Cache) diskWorkedLocked() {
+	if c.diskOff.IsZero() {
+		return
+	}
+	c.diskOff = time.Time{}
+	c.observe(func(o Observer) { o.DiskOn(true) })
+	c.log.Info("kv cache: disk writes work again", "dir", c.cfg.Dir)
 }
 
 // touchLocked counts a use (GDSF: priority = clock + uses).
@@ -540,17 +642,21 @@ func (c *Cache) insertLocked(e *entry) {
 	}
 }
 
-// removeLocked forgets e in every tier.
 // DropContaining removes, from memory and disk, every entry whose tokens
 // hold any of frags as a contiguous run, and returns how many it removed:
 // a deleted document's passages must not be restored from the cache.
+//
+// It returns once their files are gone, those being written included.
 func (c *Cache) DropContaining(frags [][]engine.Token) int {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	n := 0
+	var writing []chan struct{}
 	for e := range c.entries {
 		for _, f := range frags {
 			if len(f) > 0 && containsRun(e.tokens, f) {
+				if e.written != nil {
+					writing = append(writing, e.written)
+				}
 				c.removeLocked(e)
 				n++
 				break
@@ -559,6 +665,10 @@ func (c *Cache) DropContaining(frags [][]engine.Token) int {
 	}
 	if n > 0 {
 		c.publishLocked()
+	}
+	c.mu.Unlock()
+	for _, w := range writing {
+		<-w // the write sees its entry dropped and removes its file
 	}
 	return n
 }
@@ -573,6 +683,7 @@ func containsRun(toks, run []engine.Token) bool {
 	return false
 }
 
+// removeLocked forgets e in every tier.
 func (c *Cache) removeLocked(e *entry) {
 	if _, ok := c.entries[e]; !ok {
 		return
@@ -622,7 +733,7 @@ func (c *Cache) evictMemLocked(keep *entry) {
 		c.observe(func(o Observer) { o.Evict(Memory) })
 		c.memUsed -= v.size()
 		v.mem, v.ends = nil, nil
-		if v.disk == 0 {
+		if v.disk == 0 && v.written == nil {
 			c.removeLocked(v)
 		}
 	}

@@ -12,6 +12,8 @@ type Metrics struct {
 	evictions *prometheus.CounterVec
 	bytes     *prometheus.GaugeVec
 	restore   prometheus.Histogram
+	diskErrs  prometheus.Counter
+	diskOn    prometheus.Gauge
 }
 
 // NewMetrics registers the cache's metrics with reg.
@@ -34,6 +36,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dragon_kvcache_restore_seconds", Help: "Time to restore one cached prefix into a sequence.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14), // 0.1 ms … 0.8 s
 		}),
+		diskErrs: f.NewCounter(prometheus.CounterOpts{
+			Name: "dragon_kvcache_disk_errors_total", Help: "Writes of an entry to the cache's disk that failed (a full or failing disk); each turns disk writes off for a while.",
+		}),
+		diskOn: f.NewGauge(prometheus.GaugeOpts{
+			Name: "dragon_kvcache_disk_writing", Help: "1 while the cache writes entries to its disk, 0 after a failed write until one works again (and without a cache directory).",
+		}),
 	}
 }
 
@@ -51,3 +59,15 @@ func (m *Metrics) Bytes(t Tier, n int64) { m.bytes.WithLabelValues(t.String()).S
 
 // Restore implements Observer.
 func (m *Metrics) Restore(seconds float64) { m.restore.Observe(seconds) }
+
+// DiskError implements Observer.
+func (m *Metrics) DiskError() { m.diskErrs.Inc() }
+
+// DiskOn implements Observer.
+func (m *Metrics) DiskOn(on bool) {
+	if on {
+		m.diskOn.Set(1)
+	} else {
+		m.diskOn.Set(0)
+	}
+}

@@ -2,6 +2,7 @@ package kvcache_test
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -100,7 +101,8 @@ func TestMetricsMemory(t *testing.T) {
 	assert.Equal(t, 2, n, "memory and disk")
 	n, err = testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	assert.Equal(t, 7, n, "every series: 2 hits, misses, evictions, 2 bytes, restore")
+	assert.Equal(t, 9, n, "every series: 2 hits, misses, evictions, 2 bytes, restore, disk errors, disk writing")
+	requireMetric(t, reg, 0, "dragon_kvcache_disk_writing", nil)
 
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
@@ -160,4 +162,30 @@ func TestMetricsAfterRefusal(t *testing.T) {
 	require.False(t, ok)
 	assert.Zero(t, c.Stats().DiskBytes)
 	requireMetric(t, reg, 0, "dragon_kvcache_bytes", tier("disk"))
+}
+
+// TestMetricsDiskErrors: a failed write counts and turns the writing
+// gauge off; the write that works after the retry turns it on.
+func TestMetricsDiskErrors(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "kv")
+	reg := prometheus.NewRegistry()
+	c := newCache(t, kvcache.Config{Dir: dir, MemoryBytes: 1 << 20, DiskBytes: 1 << 20, Observer: kvcache.NewMetrics(reg)})
+	now := time.Unix(1_800_000_000, 0)
+	kvcache.SetClock(c, func() time.Time { return now })
+	requireMetric(t, reg, 1, "dragon_kvcache_disk_writing", nil)
+	requireMetric(t, reg, 0, "dragon_kvcache_disk_errors_total", nil)
+
+	require.NoError(t, os.RemoveAll(dir))
+	require.NoError(t, os.WriteFile(dir, nil, 0o644))
+	c.Put(seq(1, 32), stateFor(32))
+	c.Put(seq(2, 32), stateFor(32))
+	requireMetric(t, reg, 1, "dragon_kvcache_disk_errors_total", nil)
+	requireMetric(t, reg, 0, "dragon_kvcache_disk_writing", nil)
+
+	require.NoError(t, os.Remove(dir))
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	now = now.Add(kvcache.DiskRetry)
+	c.Put(seq(3, 32), stateFor(32))
+	requireMetric(t, reg, 1, "dragon_kvcache_disk_errors_total", nil)
+	requireMetric(t, reg, 1, "dragon_kvcache_disk_writing", nil)
 }
