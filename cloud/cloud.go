@@ -33,7 +33,7 @@ type Config struct {
 	// MaxSessions is how many generations run at once (0: 4).
 	MaxSessions int
 	// MaxQueue is how many more may wait for one of them (0: MaxSessions;
-	// negative: none), each at most QueueTimeout (0: 10 s).
+	// negative: none), each at most QueueTimeout (0: DefaultQueueTimeout).
 	MaxQueue     int
 	QueueTimeout time.Duration
 	// SessionTimeout bounds one generation (0: 5 minutes).
@@ -44,6 +44,14 @@ type Config struct {
 	PrefillChunk int
 }
 
+// DefaultQueueTimeout is the longest a session waits for a free slot by
+// default. It is half a device's default stall timeout (its
+// --cloud-timeout, 10 s), so that a full cloud refuses a device with a
+// reason ("cloud sessions exhausted", and when to retry) before the
+// device gives up on the silence, and a session admitted at the end of
+// its wait has the other half for its prefill.
+const DefaultQueueTimeout = 5 * time.Second
+
 func (c *Config) defaults() {
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = 4
@@ -52,7 +60,7 @@ func (c *Config) defaults() {
 		c.MaxQueue = c.MaxSessions
 	}
 	if c.QueueTimeout <= 0 {
-		c.QueueTimeout = 10 * time.Second
+		c.QueueTimeout = DefaultQueueTimeout
 	}
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = 5 * time.Minute
@@ -163,7 +171,8 @@ func (s *Server) admit(ctx context.Context) (*batcher.Slot, error) {
 }
 
 // Session implements dragon.v1.PeerService: one generation.
-func (s *Server) Session(stream dragonv1.PeerService_SessionServer) error {
+func (s *Server) Session(stream dragonv1.PeerService_SessionServer) (err error) {
+	defer func() { s.cfg.Metrics.Refusal(err) }()
 	ctx := stream.Context()
 	peer, err := session.Handshake(ctx, stream, s.hello)
 	if err != nil {

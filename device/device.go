@@ -276,7 +276,8 @@ func (s *Server) Generate(g *dragonv1.GenerateRequest, stream dragonv1.DeviceSer
 // Serve runs one generation for any front end (gRPC, the OpenAI API): send
 // gets the chunks of the answer and, last, the summary. Errors are gRPC
 // statuses.
-func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send func(*dragonv1.GenerateResponse) error) error {
+func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send func(*dragonv1.GenerateResponse) error) (err error) {
+	defer func() { s.cfg.Metrics.Refusal(err) }()
 	start := time.Now()
 	req, err := session.ParseGenerate(g, s.cfg.Limits, s.cfg.Defaults)
 	if err != nil {
@@ -331,7 +332,8 @@ func (s *Server) Serve(ctx context.Context, g *dragonv1.GenerateRequest, send fu
 		summary.Sources, summary.SourcesPartial = answerSources(own, sum)
 	}
 	if out.fellBack {
-		summary.Fallback, summary.FallbackStep, summary.FallbackReason = true, uint32(out.fallbackStep), out.fallbackReason
+		summary.Fallback, summary.FallbackStep, summary.FallbackReason = true, uint32(out.fallbackStep), out.fallbackCause.Error()
+		s.cfg.Metrics.Fallback(out.fallbackCause)
 	}
 	s.track(func(st *dragonv1.StatsResponse) {
 		st.Tokens += uint64(len(sum.Tokens))
@@ -673,13 +675,13 @@ type chunker struct {
 	// The cloud failed: the next chunk says so.
 	fellBack, announce bool
 	fallbackStep       int
-	fallbackReason     string
+	fallbackCause      error
 }
 
 // fallback notes that the answer goes on without the cloud after step
 // tokens.
 func (c *chunker) fallback(step int, cause error) {
-	c.fellBack, c.announce, c.fallbackStep, c.fallbackReason = true, true, step, cause.Error()
+	c.fellBack, c.announce, c.fallbackStep, c.fallbackCause = true, true, step, cause
 }
 
 // sentAny reports whether any of the answer reached the app.

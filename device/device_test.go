@@ -17,9 +17,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/dragon-rag/dragon/aggregator"
+	"github.com/dragon-rag/dragon/cloud"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/engine/fake"
+	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 	"github.com/dragon-rag/dragon/session"
 	"github.com/dragon-rag/dragon/wire"
@@ -320,4 +323,67 @@ func TestSilentCloudAtHandshakeFallsBack(t *testing.T) {
 	assert.True(t, sum.GetFallback())
 	assert.Contains(t, sum.GetFallbackReason(), "handshake")
 	assert.Positive(t, sum.GetTokens())
+}
+
+// fullCloud is a cloud (fake model) of one session slot, a queue of one
+// and the given queue timeout, with its slot taken by a session that
+// never ends; it returns the cloud's address.
+func fullCloud(t *testing.T, queue time.Duration) string {
+	t.Helper()
+	srv, err := cloud.New(cloud.Config{SideConfig: session.SideConfig{
+		Model: fake.New(fake.Config{Seed: 5, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12},
+	}, MaxSessions: 1, MaxQueue: 1, QueueTimeout: queue})
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	dragonv1.RegisterPeerServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(func() { gs.Stop(); srv.Close() })
+
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	hog, err := dragonv1.NewPeerServiceClient(conn).Session(ctx)
+	require.NoError(t, err)
+	hello := session.NewHello(fake.New(fake.Config{Vocab: 300}).Info(), aggregator.Device, profiler.DecodeFit{})
+	_, err = session.Handshake(ctx, hog, hello)
+	require.NoError(t, err)
+	// A context-mode session holds its slot until it is cancelled.
+	require.NoError(t, hog.Send(&dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Begin{Begin: &dragonv1.Begin{
+		SessionId: 1, Query: "q", Mode: dragonv1.Mode_MODE_CONTEXT}}}))
+	m, err := hog.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetPassages(), "the first session has the slot")
+	return lis.Addr().String()
+}
+
+// TestFullCloudRefusesBeforeTheDeviceGivesUp: at a full cloud a device's
+// session waits in the cloud's queue. With the defaults' order (the
+// queue's wait half the device's stall timeout) the cloud refuses first,
+// and the answer, given alone, says the cloud was full; the other way
+// round the device gives up on the silence and can say only that.
+func TestFullCloudRefusesBeforeTheDeviceGivesUp(t *testing.T) {
+	assert.LessOrEqual(t, 2*cloud.DefaultQueueTimeout, defaultStallTimeout, "the defaults' order")
+	stall := defaultStallTimeout / 10
+	for name, c := range map[string]struct {
+		queue  time.Duration
+		reason string
+	}{
+		"the defaults' order": {cloud.DefaultQueueTimeout / 10, "cloud sessions exhausted"},
+		"reversed":            {3 * stall, "decided no step in time"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := dragonDevice(t, fullCloud(t, c.queue), stall)
+			rec := &recorder{ctx: context.Background()}
+			require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?"}, rec))
+			sum := rec.sent[len(rec.sent)-1].GetSummary()
+			assert.True(t, sum.GetFallback())
+			assert.Contains(t, sum.GetFallbackReason(), c.reason)
+			assert.Positive(t, sum.GetTokens())
+		})
+	}
 }

@@ -14,12 +14,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/dragon-rag/dragon/engine"
 	"github.com/dragon-rag/dragon/kvcache"
 )
 
 const ns = "model=test;engine=test"
+
+// Puts write outside the lock, and drops wait for them: none may be left
+// running.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // seq is n tokens of family f; seq(f, m) is a prefix of seq(f, n) for m < n
 // and two families share no token.

@@ -11,10 +11,17 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/dragon-rag/dragon/engine/fake"
 	"github.com/dragon-rag/dragon/retrieval"
 )
+
+// The library's loop and its watcher must end with Run; bleve's analysis
+// workers are process-wide and never stop.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/blevesearch/bleve_index_api.AnalysisWorker"))
+}
 
 func denseIndex(t *testing.T) (*retrieval.Index, string, retrieval.Options) {
 	t.Helper()

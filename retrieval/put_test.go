@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/dragon-rag/dragon/sources"
 )
@@ -319,7 +320,8 @@ func TestMain(m *testing.M) {
 		from, _ := strconv.Atoi(os.Getenv("DRAGON_PUT_FROM"))
 		putChild(dir, from)
 	}
-	os.Exit(m.Run())
+	// bleve's analysis workers are process-wide and never stop.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/blevesearch/bleve_index_api.AnalysisWorker"))
 }
 
 func TestPutAllIsOneChange(t *testing.T) {

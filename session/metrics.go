@@ -1,10 +1,17 @@
 package session
 
 import (
+	"context"
+	"errors"
+	"io"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/dragon-rag/dragon/aggregator"
 )
@@ -28,6 +35,8 @@ type Metrics struct {
 	queue        prometheus.Gauge
 	batchRows    prometheus.Histogram
 	batchSlots   prometheus.Histogram
+	fallbacks    *prometheus.CounterVec
+	refusals     *prometheus.CounterVec
 }
 
 // NewMetrics registers the generation metrics with reg.
@@ -73,7 +82,74 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dragon_batch_sessions", Help: "Sessions whose rows shared one forward pass.",
 			Buckets: prometheus.LinearBuckets(1, 1, 16),
 		}),
+		fallbacks: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dragon_fallbacks_total", Help: "Answers the device finished without the cloud, by reason (" + strings.Join(fallbackReasons, ", ") + ").",
+		}, []string{"reason"}),
+		refusals: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dragon_refusals_total", Help: "Requests (on the cloud: sessions) that ended in an error status, by gRPC code (RESOURCE_EXHAUSTED: the queue was full or its wait too long).",
+		}, []string{"code"}),
 	}
+}
+
+// Fallback counts an answer finished without the peer because of cause.
+func (m *Metrics) Fallback(cause error) {
+	if m == nil {
+		return
+	}
+	m.fallbacks.WithLabelValues(FallbackReason(cause)).Inc()
+}
+
+// Refusal counts a request or session that ended in err, unless the
+// client went away (Canceled) or there is no error.
+func (m *Metrics) Refusal(err error) {
+	if m == nil {
+		return
+	}
+	if c := status.Code(err); c != codes.OK && c != codes.Canceled {
+		m.refusals.WithLabelValues(strings.ToUpper(snake(c.String()))).Inc()
+	}
+}
+
+// snake turns a code's Go name (ResourceExhausted) into its words
+// (Resource_Exhausted): RESOURCE_EXHAUSTED once upper-cased, as gRPC's
+// documentation names them.
+func snake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && unicode.IsUpper(r) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// fallbackReasons are FallbackReason's values.
+var fallbackReasons = []string{"busy", "refused", "stalled", "disconnected", "error"}
+
+// FallbackReason is the bounded kind of why the device went on without
+// the cloud: busy (the cloud's sessions were all taken), refused (the
+// handshake or the request: another model or protocol, a bad token),
+// stalled (nothing came for the stall timeout), disconnected (the link or
+// the cloud went away), or error (the cloud failed otherwise).
+func FallbackReason(cause error) string {
+	if errors.Is(cause, errStalled) || errors.Is(cause, context.DeadlineExceeded) {
+		return "stalled"
+	}
+	if errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF) {
+		return "disconnected"
+	}
+	switch status.Code(cause) {
+	case codes.ResourceExhausted:
+		return "busy"
+	case codes.FailedPrecondition, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented, codes.OutOfRange:
+		return "refused"
+	case codes.DeadlineExceeded:
+		return "stalled"
+	case codes.Unavailable, codes.Canceled, codes.Aborted:
+		return "disconnected"
+	}
+	return "error"
 }
 
 // Tick records one shared forward pass.

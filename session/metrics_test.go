@@ -1,7 +1,10 @@
 package session
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
 )
@@ -66,4 +71,59 @@ func TestModeNames(t *testing.T) {
 	}
 	_, err := ParseModeName("telepathy")
 	assert.ErrorContains(t, err, "dragon, tw, sw")
+}
+
+func TestFallbackReason(t *testing.T) {
+	for want, causes := range map[string][]error{
+		"busy": {status.Error(codes.ResourceExhausted, "cloud sessions exhausted (4 of 4 in use) for 5s; retry later")},
+		"refused": {
+			status.Error(codes.FailedPrecondition, "handshake: model mismatch"),
+			fmt.Errorf("cloud: %w", status.Error(codes.Unauthenticated, "bad token")),
+		},
+		"stalled": {
+			fmt.Errorf("session: %w", errStalled),
+			fmt.Errorf("handshake: %w", context.DeadlineExceeded),
+		},
+		"disconnected": {
+			status.Error(codes.Unavailable, "connection refused"),
+			fmt.Errorf("handshake: %w", status.Error(codes.Unavailable, "closing")),
+			fmt.Errorf("recv: %w", io.EOF),
+		},
+		"error": {errors.New("boom"), status.Error(codes.Internal, "the cloud broke")},
+	} {
+		for _, cause := range causes {
+			assert.Equal(t, want, FallbackReason(cause), "%v", cause)
+		}
+	}
+}
+
+// TestFallbackAndRefusalMetrics: fallbacks count by reason, refusals by
+// code; a client gone and no error are not refusals.
+func TestFallbackAndRefusalMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.Fallback(status.Error(codes.ResourceExhausted, "full"))
+	m.Fallback(errStalled)
+	m.Fallback(errStalled)
+	m.Refusal(status.Error(codes.ResourceExhausted, "full"))
+	m.Refusal(status.Error(codes.InvalidArgument, "empty prompt"))
+	m.Refusal(status.Error(codes.Canceled, "gone"))
+	m.Refusal(nil)
+	require.NoError(t, testutil.CollectAndCompare(m.fallbacks, strings.NewReader(`
+# HELP dragon_fallbacks_total Answers the device finished without the cloud, by reason (busy, refused, stalled, disconnected, error).
+# TYPE dragon_fallbacks_total counter
+dragon_fallbacks_total{reason="busy"} 1
+dragon_fallbacks_total{reason="stalled"} 2
+`)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.refusals.WithLabelValues("RESOURCE_EXHAUSTED")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.refusals.WithLabelValues("INVALID_ARGUMENT")))
+	n, err := testutil.GatherAndCount(reg, "dragon_refusals_total")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "no series for Canceled or nil")
+	problems, err := testutil.GatherAndLint(reg)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+	var nilMetrics *Metrics
+	nilMetrics.Fallback(errStalled)
+	nilMetrics.Refusal(errStalled)
 }

@@ -112,7 +112,7 @@ TLS (loopback only; elsewhere give --tls-cert/--tls-key or --insecure).`,
 	fs := cmd.Flags()
 	fs.IntVar(&limit.MaxSessions, "max-sessions", 4, "generations decoded at once, their rows batched into shared forward passes")
 	fs.IntVar(&limit.MaxQueue, "max-queue", 4, "generations that may wait for one of those (0: none; beyond: refused with RESOURCE_EXHAUSTED)")
-	fs.DurationVar(&limit.QueueTimeout, "queue-timeout", 10*time.Second, "longest wait in the queue")
+	fs.DurationVar(&limit.QueueTimeout, "queue-timeout", cloud.DefaultQueueTimeout, "longest wait in the queue; keep it well under the devices' --cloud-timeout, so that a full cloud refuses them with a reason before they give up on it")
 	fs.DurationVar(&limit.SessionTimeout, "session-timeout", 5*time.Minute, "longest generation")
 	fs.StringVar(&adminToken, "admin-token", "", "serve the document API (dragon.v1.DocumentService, /v1/documents) of the corpus behind this token, apart from the devices' --token (also $DRAGON_ADMIN_TOKEN, kept off the command line)")
 	fs.StringVar(&adminIndex, "admin-index", "", "with --admin-token and a Weaviate --index: the local index folder that keeps the documents the API is given (durable at the ack) until they are written into the collection (created if absent)")
