@@ -77,7 +77,7 @@ type Report struct {
 	// CacheDiskErrors are the cloud's failed KV-cache disk writes after
 	// its disk broke: each turns disk writes off for a while, so few.
 	CacheDiskErrors int `json:"cache_disk_errors"`
-	RSSMB             struct {
+	RSSMB           struct {
 		DeviceMax float64 `json:"device_max"`
 		CloudMax  float64 `json:"cloud_max"`
 	} `json:"rss_mb"`
