@@ -489,19 +489,23 @@ func (s *soak) settle(ctx context.Context) {
 	}
 }
 
-// goroutines are each daemon's go_goroutines, by name, logged.
+// goroutines are each daemon's goroutines, by name, logged: the total of
+// its goroutine profile, one snapshot (go_goroutines, read while the
+// metrics handler and its collectors run, came out up to 2 over it).
 func (s *soak) goroutines(ctx context.Context) map[string]int {
-	cloud, devices := s.daemons()
 	out := map[string]int{}
 	var each []string
-	for i, a := range append([]string{cloud}, devices...) {
-		v, _ := metric(ctx, a, "go_goroutines")
+	for i := range 1 + len(s.nodes) {
 		name := "cloud"
 		if i > 0 {
 			name = fmt.Sprintf("device %d", i-1)
 		}
-		out[name] = int(v)
-		each = append(each, fmt.Sprintf("%s %d", name, int(v)))
+		var v int
+		if _, err := fmt.Sscanf(s.dump(ctx, name), "goroutine profile: total %d", &v); err != nil {
+			s.logf("soak: %s's goroutines: %v", name, err)
+		}
+		out[name] = v
+		each = append(each, fmt.Sprintf("%s %d", name, v))
 	}
 	s.logf("soak: goroutines: %s", strings.Join(each, ", "))
 	return out
