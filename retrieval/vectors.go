@@ -36,7 +36,7 @@ type vectorStore struct {
 	live  int
 
 	// file holds the vectors of slots [0, inFile), in slot order, as
-	// writeVectors lays them out; mem those of the later slots.
+	// write lays them out; mem those of the later slots.
 	file   *os.File
 	inFile int
 	mem    map[uint64][]float32
@@ -285,37 +285,27 @@ func pushTop(top []scored, x scored, n int) []scored {
 	return top[:min(len(top), n)]
 }
 
-// write writes the live vectors to path, by id, and returns the store
-// that reads them from there. s is left as it was, for searches to use
-// until the caller swaps the two.
+// write writes the live vectors to path, in slot order (the old file's
+// read a block at a time, then memory's), and returns the store that
+// reads them from there. s is left as it was, for searches to use until
+// the caller swaps the two.
 func (s *vectorStore) write(path string) (*vectorStore, error) {
 	order := make([]int, 0, s.live)
-	for i, id := range s.ids {
-		if id != 0 {
-			order = append(order, i)
-		}
-	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(s.ids[a], s.ids[b]) })
 	err := atomicfile.Write(path, func(w io.Writer) error {
 		if err := writeVectorsHeader(w, s.dims, s.live); err != nil {
 			return err
 		}
 		rec := make([]byte, s.recSize())
-		v := make([]float32, s.dims)
-		for _, i := range order {
-			u := s.mem[s.ids[i]]
-			if u == nil {
-				if err := s.readSlot(i, rec, v); err != nil {
-					return err
-				}
-				u = v
+		var werr error
+		err := s.each(func(i int, v []float32) {
+			if werr != nil {
+				return
 			}
-			putRecord(rec, s.ids[i], u)
-			if _, err := w.Write(rec); err != nil {
-				return err
-			}
-		}
-		return nil
+			putRecord(rec, s.ids[i], v)
+			_, werr = w.Write(rec)
+			order = append(order, i)
+		})
+		return cmp.Or(err, werr)
 	})
 	if err != nil {
 		return nil, err
