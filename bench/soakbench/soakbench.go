@@ -201,12 +201,14 @@ func (s *soak) startAll() error {
 		go func() { _ = p.Serve(context.Background()) }()
 		index := filepath.Join(s.o.Work, fmt.Sprintf("device-%d", i))
 		if err := os.CopyFS(index, os.DirFS(s.o.DeviceIndex)); err != nil {
+			_ = p.Close()
 			return fmt.Errorf("copy the device index: %w", err)
 		}
 		n := &node{i: i, link: link, proxy: p, counted: map[string]float64{}, args: []string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 			"--model", s.o.Model, "--threads", "1", "--index", index, "--cloud", p.Addr(), "--profile", "", "--rerank-model", "",
 			"--cloud-timeout", s.o.CloudTimeout.String(), "--pprof"}}
 		if err := s.startNode(n); err != nil {
+			_ = p.Close()
 			return err
 		}
 		s.nodes = append(s.nodes, n)
