@@ -201,7 +201,8 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) (err error) 
 	}
 	defer s.exec.Release(slot)
 	dec := s.decoders[slot]
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.SessionTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.SessionTimeout,
+		fmt.Errorf("cloud: the answer outlasted the session timeout (%v): %w", s.cfg.SessionTimeout, context.DeadlineExceeded))
 	defer cancel()
 	log := s.cfg.Log.With("session", b.GetSessionId(), "mode", session.ModeName(req.Mode))
 	id := b.GetSessionId()

@@ -330,19 +330,8 @@ func TestSilentCloudAtHandshakeFallsBack(t *testing.T) {
 // never ends; it returns the cloud's address.
 func fullCloud(t *testing.T, queue time.Duration) string {
 	t.Helper()
-	srv, err := cloud.New(cloud.Config{SideConfig: session.SideConfig{
-		Model: fake.New(fake.Config{Seed: 5, Vocab: 300}), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
-		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12},
-	}, MaxSessions: 1, MaxQueue: 1, QueueTimeout: queue})
-	require.NoError(t, err)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	gs := grpc.NewServer()
-	dragonv1.RegisterPeerServiceServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(func() { gs.Stop(); srv.Close() })
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr := oneSlotCloud(t, fake.Config{Seed: 5, Vocab: 300}, func(c *cloud.Config) { c.QueueTimeout = queue })
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -358,7 +347,48 @@ func fullCloud(t *testing.T, queue time.Duration) string {
 	m, err := hog.Recv()
 	require.NoError(t, err)
 	require.NotNil(t, m.GetPassages(), "the first session has the slot")
+	return addr
+}
+
+// oneSlotCloud serves a real cloud.Server of one session slot on the fake
+// model, its config changed by set, on loopback, and returns its address.
+func oneSlotCloud(t *testing.T, model fake.Config, set func(*cloud.Config)) string {
+	t.Helper()
+	cfg := cloud.Config{SideConfig: session.SideConfig{
+		Model: fake.New(model), Decoder: decoder.Options{MaxPassages: 2, CtxPerSeq: 256},
+		Limits: session.Limits{MaxTokens: 64, MaxPassages: 2, MaxPrompt: 100}, Defaults: session.Defaults{MaxTokens: 12},
+	}, MaxSessions: 1, MaxQueue: 1}
+	set(&cfg)
+	srv, err := cloud.New(cfg)
+	require.NoError(t, err)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gs := grpc.NewServer()
+	dragonv1.RegisterPeerServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(func() { gs.Stop(); srv.Close() })
 	return lis.Addr().String()
+}
+
+// TestCloudSessionTimeoutEndsWithTheDeviceAlone: a generation that
+// outlasts the cloud's SessionTimeout is ended by the cloud; the device
+// keeps the tokens decided together, finishes alone and says why, and the
+// cloud's one slot is free again for the next question.
+func TestCloudSessionTimeoutEndsWithTheDeviceAlone(t *testing.T) {
+	addr := oneSlotCloud(t, fake.Config{Seed: 5, Vocab: 300, CallLatency: 20 * time.Millisecond}, func(c *cloud.Config) {
+		c.SessionTimeout = 400 * time.Millisecond
+	})
+	srv := dragonDevice(t, addr, 5*time.Second)
+	for try := range 2 {
+		rec := &recorder{ctx: context.Background()}
+		start := time.Now()
+		require.NoError(t, srv.Generate(&dragonv1.GenerateRequest{Prompt: "hello?", Sampling: &dragonv1.SamplingParams{MaxTokens: 64}}, rec))
+		sum := rec.sent[len(rec.sent)-1].GetSummary()
+		assert.True(t, sum.GetFallback(), "try %d", try)
+		assert.Positive(t, sum.GetFallbackStep(), "try %d: tokens decided with the cloud before its timeout (the slot was free)", try)
+		assert.Contains(t, sum.GetFallbackReason(), "outlasted the session timeout (400ms)", "try %d", try)
+		assert.Less(t, time.Since(start), 4*time.Second, "try %d: ended by the cloud's timeout, not the device's stall timeout", try)
+	}
 }
 
 // TestFullCloudRefusesBeforeTheDeviceGivesUp: at a full cloud a device's

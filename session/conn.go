@@ -172,8 +172,11 @@ func errorMessage(id uint64, err error) *dragonv1.PeerMessage {
 	st, ok := status.FromError(err)
 	if !ok {
 		st = status.New(codes.Internal, err.Error())
-		if errors.Is(err, context.Canceled) {
+		switch {
+		case errors.Is(err, context.Canceled):
 			st = status.New(codes.Canceled, err.Error())
+		case errors.Is(err, context.DeadlineExceeded):
+			st = status.New(codes.DeadlineExceeded, err.Error())
 		}
 	}
 	return &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Error{Error: &dragonv1.Error{

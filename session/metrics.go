@@ -37,6 +37,7 @@ type Metrics struct {
 	batchSlots   prometheus.Histogram
 	fallbacks    *prometheus.CounterVec
 	refusals     *prometheus.CounterVec
+	stalls       prometheus.Counter
 }
 
 // NewMetrics registers the generation metrics with reg.
@@ -88,6 +89,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		refusals: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dragon_refusals_total", Help: "Requests (on the cloud: sessions) that ended in an error status, by gRPC code (RESOURCE_EXHAUSTED: the queue was full or its wait too long).",
 		}, []string{"code"}),
+		stalls: f.NewCounter(prometheus.CounterOpts{
+			Name: "dragon_stalls_survived_total", Help: "Waits for the cloud's next decided step longer than half the stall timeout that still ended in one, not a fallback.",
+		}),
 	}
 }
 
@@ -125,13 +129,14 @@ func snake(s string) string {
 }
 
 // fallbackReasons are FallbackReason's values.
-var fallbackReasons = []string{"busy", "refused", "stalled", "disconnected", "error"}
+var fallbackReasons = []string{"busy", "refused", "stalled", "expired", "disconnected", "error"}
 
 // FallbackReason is the bounded kind of why the device went on without
 // the cloud: busy (the cloud's sessions were all taken), refused (the
 // handshake or the request: another model or protocol, a bad token),
-// stalled (nothing came for the stall timeout), disconnected (the link or
-// the cloud went away), or error (the cloud failed otherwise).
+// stalled (nothing came for the stall timeout), expired (the answer
+// outlasted the cloud's session timeout), disconnected (the link or the
+// cloud went away), or error (the cloud failed otherwise).
 func FallbackReason(cause error) string {
 	if errors.Is(cause, errStalled) || errors.Is(cause, context.DeadlineExceeded) {
 		return "stalled"
@@ -145,7 +150,7 @@ func FallbackReason(cause error) string {
 	case codes.FailedPrecondition, codes.InvalidArgument, codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented, codes.OutOfRange:
 		return "refused"
 	case codes.DeadlineExceeded:
-		return "stalled"
+		return "expired"
 	case codes.Unavailable, codes.Canceled, codes.Aborted:
 		return "disconnected"
 	}
@@ -209,6 +214,7 @@ func (m *Metrics) Observe(mode string, start time.Time, sum Summary, err error) 
 	m.bytes.WithLabelValues("sent").Add(float64(sum.BytesSent))
 	m.bytes.WithLabelValues("received").Add(float64(sum.BytesReceived))
 	m.aborted.Add(float64(sum.AbortedPasses))
+	m.stalls.Add(float64(sum.StallsSurvived))
 	if sum.RTT > 0 {
 		m.rtt.Set(sum.RTT.Seconds())
 	}

@@ -84,6 +84,7 @@ func TestFallbackReason(t *testing.T) {
 			fmt.Errorf("session: %w", errStalled),
 			fmt.Errorf("handshake: %w", context.DeadlineExceeded),
 		},
+		"expired": {status.Error(codes.DeadlineExceeded, "peer: cloud: the answer outlasted the session timeout (5m0s)")},
 		"disconnected": {
 			status.Error(codes.Unavailable, "connection refused"),
 			fmt.Errorf("handshake: %w", status.Error(codes.Unavailable, "closing")),
@@ -98,7 +99,8 @@ func TestFallbackReason(t *testing.T) {
 }
 
 // TestFallbackAndRefusalMetrics: fallbacks count by reason, refusals by
-// code; a client gone and no error are not refusals.
+// code; a client gone and no error are not refusals; an answer's stalls
+// survived add up.
 func TestFallbackAndRefusalMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := NewMetrics(reg)
@@ -110,7 +112,7 @@ func TestFallbackAndRefusalMetrics(t *testing.T) {
 	m.Refusal(status.Error(codes.Canceled, "gone"))
 	m.Refusal(nil)
 	require.NoError(t, testutil.CollectAndCompare(m.fallbacks, strings.NewReader(`
-# HELP dragon_fallbacks_total Answers the device finished without the cloud, by reason (busy, refused, stalled, disconnected, error).
+# HELP dragon_fallbacks_total Answers the device finished without the cloud, by reason (busy, refused, stalled, expired, disconnected, error).
 # TYPE dragon_fallbacks_total counter
 dragon_fallbacks_total{reason="busy"} 1
 dragon_fallbacks_total{reason="stalled"} 2
@@ -120,6 +122,8 @@ dragon_fallbacks_total{reason="stalled"} 2
 	n, err := testutil.GatherAndCount(reg, "dragon_refusals_total")
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "no series for Canceled or nil")
+	m.Observe("dragon", time.Now(), Summary{StallsSurvived: 2}, nil)
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.stalls), "the answer's stalls survived are counted")
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)

@@ -205,6 +205,10 @@ type Summary struct {
 	Beside uint64
 	// RTT is the last round-trip estimate.
 	RTT time.Duration
+	// StallsSurvived counts, on the owner, waits for a decided step that
+	// outlasted half the stall timeout and still ended in one: how close
+	// the link came to a fallback without one.
+	StallsSurvived uint64
 	// Fallback: the peer failed after FallbackAt tokens and this side
 	// finished the answer alone.
 	Fallback   bool
@@ -408,6 +412,11 @@ func (r *run) run(ctx context.Context, query string, passages []decoder.Passage)
 			r.enqueue(sourcesMessage(r.opts.SessionID, Sources(r.opts.Self, passages, r.sum.Evidence)))
 		}
 	} else if err != nil && !errors.Is(err, io.EOF) {
+		if ctx.Err() != nil {
+			// Why the session's context ended (the cloud's session
+			// timeout says so), rather than a bare "deadline exceeded".
+			err = context.Cause(ctx)
+		}
 		r.enqueue(errorMessage(r.opts.SessionID, err))
 	} else if r.opts.Sources && r.cancel != nil {
 		answer, aerr := answerOf(r.cancel, r.decode.Vocab(), r.opts.MaxTokens)
@@ -828,7 +837,11 @@ func (r *run) onDecided(v aggregator.Verdict) error {
 // alone, reaching MaxTokens ends it too; with the peer the Node says so.
 func (r *run) target(tok engine.Token) error {
 	r.targets = append(r.targets, tok)
-	r.progress = time.Now()
+	now := time.Now()
+	if r.opts.Owner && !r.sum.Fallback && now.Sub(r.progress) > r.opts.StallTimeout/2 {
+		r.sum.StallsSurvived++
+	}
+	r.progress = now
 	alone := r.sum.Fallback
 	if r.model.IsEOG(tok) {
 		r.finish = FinishEOG

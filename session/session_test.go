@@ -606,6 +606,51 @@ func TestFallbackSaysWhyTheCloudEndedTheStream(t *testing.T) {
 	assert.Contains(t, why.Error(), "retrieval failed")
 }
 
+// slowConn is the device's end of a stream whose next receive, once
+// armed, waits first: a link that stalls once.
+type slowConn struct {
+	*PipeEnd
+	wait  time.Duration
+	armed atomic.Bool
+}
+
+func (c *slowConn) Recv() (*dragonv1.PeerMessage, error) {
+	if c.armed.CompareAndSwap(true, false) {
+		select {
+		case <-time.After(c.wait):
+		case <-c.done: // closed while it waited
+		}
+	}
+	return c.PipeEnd.Recv()
+}
+
+// TestStallsSurvivedAreCounted: a wait for the next step longer than half
+// the stall timeout that still ends in one is counted, and the answer goes
+// on with the cloud; a shorter one is not counted, and a longer one is a
+// fallback, not a stall survived.
+func TestStallsSurvivedAreCounted(t *testing.T) {
+	const stall = time.Second
+	for _, c := range []struct {
+		name     string
+		wait     time.Duration
+		survived uint64
+		fallback bool
+	}{
+		{"no stall", 0, 0, false},
+		{"a stall under half the timeout", stall / 5, 0, false},
+		{"a stall over half of it", stall * 7 / 10, 1, false},
+		{"a stall over all of it", stall * 3 / 2, 0, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, b := Pipe()
+			devConn := &slowConn{PipeEnd: a, wait: c.wait}
+			dev, _, _ := runCloudFailing(t, devConn, b, stall, func() { devConn.armed.Store(c.wait > 0) })
+			assert.Equal(t, c.fallback, dev.Fallback)
+			assert.Equal(t, c.survived, dev.StallsSurvived)
+		})
+	}
+}
+
 // TestDraftingDepthCoversTheRoundTrip: a speculative side may draft one
 // round trip's worth of tokens beyond its lookahead, and 4 lookaheads
 // before the first round trip is measured; token-wise (lookahead 1) stays

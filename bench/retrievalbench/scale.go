@@ -491,6 +491,16 @@ func (c *ScriptCluster) RSSBytes() (int64, error) {
 // Stop implements Cluster.
 func (c *ScriptCluster) Stop() error { return runScript(c.Script, c.Env, "stop", c.Dir) }
 
+// Pause freezes node i (SIGSTOP); Resume lets it go on.
+func (c *ScriptCluster) Pause(i int) error {
+	return runScript(c.Script, c.Env, "pause", c.Dir, strconv.Itoa(i))
+}
+
+// Resume lets a paused node i go on.
+func (c *ScriptCluster) Resume(i int) error {
+	return runScript(c.Script, c.Env, "resume", c.Dir, strconv.Itoa(i))
+}
+
 // StartScriptCluster starts nodes with the script (which waits until all
 // are ready).
 func StartScriptCluster(script, dir string, nodes, base int, env []string) (*ScriptCluster, error) {

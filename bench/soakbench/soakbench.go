@@ -8,16 +8,21 @@
 package soakbench
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -51,7 +56,25 @@ type Options struct {
 	CloudTimeout time.Duration
 	Seed         uint64
 	Work         string // a scratch folder (the devices' indexes, the cloud's KV cache)
-	Log          func(format string, args ...any)
+	// Documents adds a device that answers nothing and is given documents
+	// without pause, some deleted again, and is killed -9 once among
+	// them: every add and delete it acknowledged must hold at the end. It
+	// answers nothing because its corpus changes under it, which would
+	// change the answers the others are held to.
+	Documents bool
+	// Backend, when set, is the network retrieval engine the cloud
+	// searches (CloudIndex is then ignored): the soak puts a link in
+	// front of it, slows that link and pauses the engine once.
+	Backend *Backend
+	Log     func(format string, args ...any)
+}
+
+// Backend is a Weaviate node holding the cloud's corpus.
+type Backend struct {
+	HTTP, GRPC string // the node's addresses (host:port)
+	Collection string
+	// Pause freezes the node (SIGSTOP), Resume lets it go on.
+	Pause, Resume func() error
 }
 
 // Report is what dragon soak --json prints.
@@ -67,8 +90,18 @@ type Report struct {
 	// (the client saw the connection go, not an answer's end).
 	Cut         int `json:"cut"`
 	WrongTokens int `json:"wrong_tokens"`
-	// LostAcks is not measured here: the soak adds no documents (bench
-	// docs kills the device with acknowledged documents).
+	// StallsSurvived are the devices' waits for a decided step longer
+	// than half their stall timeout that still ended in one
+	// (dragon_stalls_survived_total).
+	StallsSurvived int `json:"stalls_survived"`
+	// LostAcks are the documents device's acknowledged adds that are not
+	// there at the end, or not retrieved by their own words, and its
+	// acknowledged deletes that are back (Options.Documents).
+	LostAcks  int `json:"lost_acks"`
+	Documents struct {
+		Added   int `json:"added"`
+		Deleted int `json:"deleted"`
+	} `json:"documents"`
 	Goroutines struct {
 		Start int `json:"start"`
 		End   int `json:"end"`
@@ -80,10 +113,32 @@ type Report struct {
 	RSSMB           struct {
 		DeviceMax float64 `json:"device_max"`
 		CloudMax  float64 `json:"cloud_max"`
+		// GrowthAfterWarmup is the largest rise of one daemon process's
+		// RSS after its first WarmupS seconds, over its RSS then (0.1:
+		// 10%); a process that lived no longer is left out.
+		GrowthAfterWarmup float64     `json:"growth_after_warmup"`
+		WarmupS           float64     `json:"warmup_s"`
+		Minutes           []RSSMinute `json:"minutes"`
 	} `json:"rss_mb"`
 	Faults map[string]int `json:"faults"`
 	// Wrong lists the answers that broke the promise, for a person.
 	Wrong []string `json:"wrong,omitempty"`
+}
+
+// RSSMinute is the largest RSS of the devices and of the cloud seen in
+// one minute of the soak.
+type RSSMinute struct {
+	Minute    int     `json:"minute"`
+	DeviceMax float64 `json:"device_max"`
+	CloudMax  float64 `json:"cloud_max"`
+}
+
+// rssSample is one daemon process's RSS at a moment of the soak.
+type rssSample struct {
+	at      time.Duration
+	process string // its name and start, "device 2#1": a restart is another process
+	cloud   bool
+	mb      float64
 }
 
 // node is one device daemon and the link in front of the cloud.
@@ -103,6 +158,8 @@ type node struct {
 	// epoch counts the node's starts; a question cut off by a kill waits
 	// for the next.
 	epoch int
+	// library: the documents device, which answers nothing.
+	library bool
 }
 
 // soak is one run's state.
@@ -115,10 +172,20 @@ type soak struct {
 	nodes  []*node
 	ref    [][]int32
 
-	mu     sync.Mutex
-	rep    Report
-	rssDev []float64
-	rssCld []float64
+	// backend is the links in front of Backend's HTTP and gRPC ports.
+	backend        []*netsim.Link
+	backendProxies []*netsim.Proxy
+	// tmpfs: the cloud's KV-cache folder is a small tmpfs of its own,
+	// which the disk fault fills; else the fault puts a file where the
+	// folder was.
+	tmpfs bool
+	start time.Time
+
+	mu    sync.Mutex
+	rep   Report
+	rss   []rssSample
+	cloudEpoch int
+	docs  documents
 }
 
 func (s *soak) logf(format string, args ...any) {
@@ -142,6 +209,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	s := &soak{o: o, rng: rand.New(rand.NewPCG(o.Seed, 58))}
 	s.rep = Report{Date: time.Now().UTC().Format(time.RFC3339), Devices: o.Devices, Fallback: map[string]int{}, Refused: map[string]int{}, Faults: map[string]int{}}
+	s.docs.added = map[string]string{}
 	defer s.stop()
 	if err := s.startAll(); err != nil {
 		return s.rep, err
@@ -153,18 +221,25 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	for _, g := range startG {
 		s.rep.Goroutines.Start += g
 	}
-	start := time.Now()
+	s.start = time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
 	defer cancel()
 	var wg sync.WaitGroup
 	for _, n := range s.nodes {
 		wg.Add(1)
-		go func() { defer wg.Done(); s.ask(runCtx, n) }()
+		go func() {
+			defer wg.Done()
+			if n.library {
+				s.write(runCtx, n)
+			} else {
+				s.ask(runCtx, n)
+			}
+		}()
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.chaos(runCtx) }()
 	wg.Wait()
-	s.rep.Seconds = time.Since(start).Seconds()
+	s.rep.Seconds = time.Since(s.start).Seconds()
 	s.calm()
 	s.settle(ctx)
 	s.rep.Goroutines.End = s.leftOver(ctx, startG)
@@ -172,8 +247,11 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	cloud, _ := s.daemons()
 	errs, _ := metric(ctx, cloud, "dragon_kvcache_disk_errors_total")
 	s.rep.CacheDiskErrors = int(errs)
-	s.countFallbacks(ctx)
-	s.rep.RSSMB.DeviceMax, s.rep.RSSMB.CloudMax = maxOf(s.rssDev)/(1<<20), maxOf(s.rssCld)/(1<<20)
+	s.countCounters(ctx)
+	if o.Documents {
+		s.checkDocuments(ctx)
+	}
+	s.summarizeRSS()
 	return s.rep, nil
 }
 
@@ -183,13 +261,29 @@ func (s *soak) startAll() error {
 		return err
 	}
 	s.cloudL = port
+	index, err := s.cloudIndex()
+	if err != nil {
+		return err
+	}
 	kv := filepath.Join(s.o.Work, "cloud-kv")
+	if err := os.MkdirAll(kv, 0o755); err != nil {
+		return err
+	}
+	if err := mountTmpfs(kv, cacheDiskMB); err == nil {
+		s.tmpfs = true
+	} else {
+		s.logf("soak: no tmpfs for the cloud's KV cache (%v): its disk fault will be a file where its folder was", err)
+	}
 	s.cargs = []string{"cloud", "--listen", s.cloudL, "--http", "127.0.0.1:0", "--model", s.o.Model, "--threads", "1",
-		"--index", s.o.CloudIndex, "--profile", "", "--rerank-model", "", "--kv-cache-dir", kv, "--kv-cache-disk-mb", "64", "--pprof"}
+		"--index", index, "--profile", "", "--rerank-model", "", "--kv-cache-dir", kv, "--kv-cache-disk-mb", strconv.Itoa(cacheDiskMB / 2), "--pprof"}
 	if s.cloud, err = s.o.Start("cloud", s.cargs); err != nil {
 		return err
 	}
-	for i := range s.o.Devices {
+	devices := s.o.Devices
+	if s.o.Documents {
+		devices++
+	}
+	for i := range devices {
 		link, err := netsim.NewLink(netsim.Shape{}, s.o.Seed+uint64(i))
 		if err != nil {
 			return err
@@ -204,7 +298,7 @@ func (s *soak) startAll() error {
 			_ = p.Close()
 			return fmt.Errorf("copy the device index: %w", err)
 		}
-		n := &node{i: i, link: link, proxy: p, counted: map[string]float64{}, args: []string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+		n := &node{i: i, link: link, proxy: p, counted: map[string]float64{}, library: i == s.o.Devices, args: []string{"device", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
 			"--model", s.o.Model, "--threads", "1", "--index", index, "--cloud", p.Addr(), "--profile", "", "--rerank-model", "",
 			"--cloud-timeout", s.o.CloudTimeout.String(), "--pprof"}}
 		if err := s.startNode(n); err != nil {
@@ -214,6 +308,37 @@ func (s *soak) startAll() error {
 		s.nodes = append(s.nodes, n)
 	}
 	return nil
+}
+
+// cacheDiskMB is the size of the cloud's KV-cache tmpfs. The cache is
+// given half of it, so that it stays within the disk until the fault
+// fills the rest.
+const cacheDiskMB = 64
+
+// cloudIndex is the cloud's --index: CloudIndex, or the Backend's
+// collection through links the soak shapes, searched over gRPC, each
+// search given half the devices' stall timeout.
+func (s *soak) cloudIndex() (string, error) {
+	b := s.o.Backend
+	if b == nil {
+		return s.o.CloudIndex, nil
+	}
+	var addrs []string
+	for i, target := range []string{b.HTTP, b.GRPC} {
+		link, err := netsim.NewLink(netsim.Shape{}, s.o.Seed+100+uint64(i))
+		if err != nil {
+			return "", err
+		}
+		p, err := netsim.NewProxy("127.0.0.1:0", target, link, nil)
+		if err != nil {
+			return "", err
+		}
+		go func() { _ = p.Serve(context.Background()) }()
+		s.backendProxies = append(s.backendProxies, p)
+		s.backend = append(s.backend, link)
+		addrs = append(addrs, p.Addr())
+	}
+	return fmt.Sprintf("weaviate://%s/%s?grpc=%s&timeout=%s", addrs[0], b.Collection, addrs[1], s.o.CloudTimeout/2), nil
 }
 
 func (s *soak) startNode(n *node) error {
@@ -251,6 +376,14 @@ func (s *soak) stop() {
 	if s.cloud != nil {
 		_ = s.cloud.Stop(30 * time.Second)
 	}
+	for _, p := range s.backendProxies {
+		_ = p.Close()
+	}
+	if s.tmpfs {
+		if err := unmount(filepath.Join(s.o.Work, "cloud-kv")); err != nil {
+			s.logf("soak: unmount the cloud's KV-cache tmpfs: %v", err)
+		}
+	}
 }
 
 func (s *soak) request(q string) *dragonv1.GenerateRequest {
@@ -275,7 +408,7 @@ func (s *soak) reference(ctx context.Context) error {
 	// The other devices answer the first question too: the same tokens,
 	// and each holds its connection to the cloud before its goroutines
 	// are counted.
-	for _, n := range s.nodes[1:] {
+	for _, n := range s.nodes[1:s.o.Devices] {
 		a, err := aggbench.Ask(ctx, n.gen, s.request(s.o.Questions[0]))
 		if err != nil {
 			return fmt.Errorf("soak: device %d's fault-free answer: %w", n.i, err)
@@ -355,13 +488,19 @@ func cut(err error) bool {
 }
 
 // chaos changes the links' shapes every few seconds and, once each, kills
-// a device mid-answer, restarts the cloud and breaks the cloud's KV-cache
-// disk, sampling the daemons' RSS as it goes.
+// a device mid-answer and the documents device among its writes,
+// restarts the cloud, fills (or breaks) the cloud's KV-cache disk and
+// pauses the retrieval engine, sampling the daemons' RSS as it goes.
 func (s *soak) chaos(ctx context.Context) {
-	// The disk breaks after the cloud's restart, which would otherwise
+	// The disk fails after the cloud's restart, which would otherwise
 	// find a file where its cache folder must be.
 	once := map[string]time.Duration{"kill_device": s.o.Duration / 4, "restart_cloud": s.o.Duration / 3, "cloud_disk": s.o.Duration / 2}
-	start := time.Now()
+	if s.o.Documents {
+		once["kill_documents_device"] = s.o.Duration * 3 / 5
+	}
+	if s.o.Backend != nil {
+		once["pause_backend"] = s.o.Duration * 7 / 10
+	}
 	tick := time.NewTicker(1500 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -372,14 +511,33 @@ func (s *soak) chaos(ctx context.Context) {
 		}
 		s.sampleRSS(ctx)
 		for kind, at := range once {
-			if time.Since(start) >= at {
+			if time.Since(s.start) >= at {
 				delete(once, kind)
 				s.once(ctx, kind)
 			}
 		}
 		n := s.nodes[s.rng.IntN(len(s.nodes))]
 		s.shake(n)
+		if len(s.backend) > 0 && s.rng.IntN(4) == 0 {
+			s.slowBackend()
+		}
 	}
+}
+
+// slowBackend gives the links to the retrieval engine a latency of up to
+// a quarter of a search's timeout each way, or takes it away again.
+func (s *soak) slowBackend() {
+	shape := netsim.Shape{}
+	kind := "backend_fast"
+	if s.rng.IntN(2) == 0 {
+		lat := time.Duration(s.rng.Int64N(int64(s.o.CloudTimeout / 8)))
+		shape, kind = netsim.Shape{Latency: lat, Jitter: lat / 5, Dist: netsim.Normal}, "backend_slow"
+	}
+	for _, l := range s.backend {
+		_ = l.Up.SetShape(shape)
+		_ = l.Down.SetShape(shape)
+	}
+	s.fault(kind)
 }
 
 // shake gives node n's link a new shape, or resets its connections.
@@ -407,8 +565,11 @@ func (s *soak) shake(n *node) {
 
 func (s *soak) once(ctx context.Context, kind string) {
 	switch kind {
-	case "kill_device":
-		n := s.nodes[len(s.nodes)-1]
+	case "kill_device", "kill_documents_device":
+		n := s.nodes[s.o.Devices-1]
+		if kind == "kill_documents_device" {
+			n = s.nodes[s.o.Devices]
+		}
 		s.readCounters(ctx, n)
 		n.mu.Lock()
 		d := n.d
@@ -432,16 +593,39 @@ func (s *soak) once(ctx context.Context, kind string) {
 		}
 		s.mu.Lock()
 		s.cloud = c
+		s.cloudEpoch++
 		s.mu.Unlock()
 		s.logf("soak: restarted the cloud")
 	case "cloud_disk":
-		// A file where the cache's folder was: every write fails, as on
-		// a disk that is full or gone.
 		kv := filepath.Join(s.o.Work, "cloud-kv")
-		if err := os.RemoveAll(kv); err == nil && os.WriteFile(kv, []byte("not a folder"), 0o644) == nil {
-			s.fault(kind)
+		if s.tmpfs {
+			if err := fill(kv); err != nil {
+				s.logf("soak: fill the cloud's KV-cache disk: %v", err)
+				return
+			}
+			s.fault("cloud_disk_full")
+			s.logf("soak: filled the cloud's KV-cache disk")
+		} else {
+			// A file where the cache's folder was: every write fails, as
+			// on a disk that is gone.
+			if err := os.RemoveAll(kv); err != nil || os.WriteFile(kv, []byte("not a folder"), 0o644) != nil {
+				return
+			}
+			s.fault("cloud_disk_broken")
 			s.logf("soak: broke the cloud's KV-cache disk")
-			s.probeCache(ctx)
+		}
+		s.probeCache(ctx)
+	case "pause_backend":
+		if err := s.o.Backend.Pause(); err != nil {
+			s.logf("soak: pause the retrieval engine: %v", err)
+			return
+		}
+		s.fault(kind)
+		s.logf("soak: paused the retrieval engine")
+		// Longer than a search's timeout: searches meanwhile fail.
+		time.Sleep(s.o.CloudTimeout)
+		if err := s.o.Backend.Resume(); err != nil {
+			s.logf("soak: resume the retrieval engine: %v", err)
 		}
 	}
 }
@@ -451,6 +635,10 @@ func (s *soak) calm() {
 	for _, n := range s.nodes {
 		_ = n.link.Up.SetShape(netsim.Shape{})
 		_ = n.link.Down.SetShape(netsim.Shape{})
+	}
+	for _, l := range s.backend {
+		_ = l.Up.SetShape(netsim.Shape{})
+		_ = l.Down.SetShape(netsim.Shape{})
 	}
 }
 
@@ -468,18 +656,60 @@ func (s *soak) daemons() (cloud string, devices []string) {
 }
 
 func (s *soak) sampleRSS(ctx context.Context) {
-	cloud, devices := s.daemons()
+	at := time.Since(s.start)
+	s.mu.Lock()
+	cloud, process := s.cloud.HTTPAddr(), fmt.Sprintf("cloud#%d", s.cloudEpoch)
+	s.mu.Unlock()
 	if v, err := metric(ctx, cloud, "dragon_resident_memory_bytes"); err == nil {
 		s.mu.Lock()
-		s.rssCld = append(s.rssCld, v)
+		s.rss = append(s.rss, rssSample{at: at, process: process, cloud: true, mb: v / (1 << 20)})
 		s.mu.Unlock()
 	}
-	for _, d := range devices {
-		if v, err := metric(ctx, d, "dragon_resident_memory_bytes"); err == nil {
+	for _, n := range s.nodes {
+		n.mu.Lock()
+		addr, process := n.d.HTTPAddr(), fmt.Sprintf("device %d#%d", n.i, n.epoch)
+		n.mu.Unlock()
+		if v, err := metric(ctx, addr, "dragon_resident_memory_bytes"); err == nil {
 			s.mu.Lock()
-			s.rssDev = append(s.rssDev, v)
+			s.rss = append(s.rss, rssSample{at: at, process: process, mb: v / (1 << 20)})
 			s.mu.Unlock()
 		}
+	}
+}
+
+// summarizeRSS reports the largest RSS seen, per minute and over the run,
+// and how much any one process grew after its warm-up: 5 minutes, or a
+// third of a shorter soak, from its first sample.
+func (s *soak) summarizeRSS() {
+	r := &s.rep.RSSMB
+	warmup := min(5*time.Minute, s.o.Duration/3)
+	r.WarmupS = warmup.Seconds()
+	first := map[string]time.Duration{}
+	atWarm := map[string]float64{}
+	for _, x := range s.rss {
+		minute := int(x.at / time.Minute)
+		for len(r.Minutes) <= minute {
+			r.Minutes = append(r.Minutes, RSSMinute{Minute: len(r.Minutes)})
+		}
+		m := &r.Minutes[minute]
+		if x.cloud {
+			m.CloudMax, r.CloudMax = max(m.CloudMax, x.mb), max(r.CloudMax, x.mb)
+		} else {
+			m.DeviceMax, r.DeviceMax = max(m.DeviceMax, x.mb), max(r.DeviceMax, x.mb)
+		}
+		t0, seen := first[x.process]
+		if !seen {
+			first[x.process], t0 = x.at, x.at
+		}
+		if x.at-t0 < warmup {
+			continue
+		}
+		base, warm := atWarm[x.process]
+		if !warm {
+			atWarm[x.process] = x.mb
+			continue
+		}
+		r.GrowthAfterWarmup = max(r.GrowthAfterWarmup, x.mb/base-1)
 	}
 }
 
@@ -586,7 +816,8 @@ func (s *soak) sum(ctx context.Context, name string) float64 {
 	return total
 }
 
-// readCounters adds node n's fallback counters to what it counted before.
+// readCounters adds node n's fallback and stall counters to what it
+// counted before.
 func (s *soak) readCounters(ctx context.Context, n *node) {
 	n.mu.Lock()
 	addr := n.d.HTTPAddr()
@@ -595,23 +826,32 @@ func (s *soak) readCounters(ctx context.Context, n *node) {
 	if err != nil {
 		return
 	}
-	samples, err := loadbench.ParseMetrics(body, []string{"dragon_fallbacks_total"})
+	samples, err := loadbench.ParseMetrics(body, []string{"dragon_fallbacks_total", "dragon_stalls_survived_total"})
 	if err != nil {
 		return
 	}
 	for sample, v := range samples {
 		// dragon_fallbacks_total{reason="busy"}
-		_, reason, _ := strings.Cut(sample, `reason="`)
+		_, reason, ok := strings.Cut(sample, `reason="`)
+		if !ok {
+			n.counted[sample] += v
+			continue
+		}
 		n.counted[strings.TrimSuffix(reason, `"}`)] += v
 	}
 }
 
-// countFallbacks sums the devices' fallback counters by reason.
-func (s *soak) countFallbacks(ctx context.Context) {
+// countCounters sums the devices' fallback counters by reason, and their
+// stalls survived.
+func (s *soak) countCounters(ctx context.Context) {
 	for _, n := range s.nodes {
 		s.readCounters(ctx, n)
-		for reason, v := range n.counted {
-			s.rep.Fallback[reason] += int(v)
+		for key, v := range n.counted {
+			if key == "dragon_stalls_survived_total" {
+				s.rep.StallsSurvived += int(v)
+			} else {
+				s.rep.Fallback[key] += int(v)
+			}
 		}
 	}
 }
@@ -672,4 +912,158 @@ func maxOf(xs []float64) float64 {
 		return 0
 	}
 	return slices.Max(xs)
+}
+
+// documents are what the documents device acknowledged.
+type documents struct {
+	added   map[string]string // id: the one word of its text no other has
+	deleted []string
+}
+
+// write gives the documents device a small document every few hundred
+// milliseconds, and deletes every fourth an earlier one, until ctx ends;
+// only what the device acknowledged is kept, a request its kill cut off
+// is not.
+func (s *soak) write(ctx context.Context, n *node) {
+	for k := 0; ctx.Err() == nil; k++ {
+		n.mu.Lock()
+		addr := n.d.HTTPAddr()
+		n.mu.Unlock()
+		s.mu.Lock()
+		some := len(s.docs.added) > 0
+		s.mu.Unlock()
+		if k%4 == 3 && some {
+			s.deleteOne(ctx, addr)
+		} else {
+			word := uniqueWord(k)
+			text := fmt.Sprintf("Soak note %d. The %s ledger was filed from a train on a link that stalled.", k, word)
+			if id, err := upload(ctx, addr, fmt.Sprintf("soak/note-%d.txt", k), text); err == nil {
+				s.mu.Lock()
+				s.docs.added[id] = word
+				s.mu.Unlock()
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// deleteOne deletes the earliest document still there.
+func (s *soak) deleteOne(ctx context.Context, addr string) {
+	s.mu.Lock()
+	ids := slices.Sorted(maps.Keys(s.docs.added))
+	s.mu.Unlock()
+	id := ids[0]
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, "http://"+addr+"/v1/documents/"+id, nil)
+	if err != nil {
+		return
+	}
+	resp, err := scraper.Do(req)
+	if err != nil {
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		s.mu.Lock()
+		delete(s.docs.added, id)
+		s.docs.deleted = append(s.docs.deleted, id)
+		s.mu.Unlock()
+	}
+}
+
+// uniqueWord is a word of letters only, k's own: no other document and no
+// question has it.
+func uniqueWord(k int) string {
+	b := []byte("zq")
+	for k++; k > 0; k /= 26 {
+		b = append(b, byte('a'+k%26))
+	}
+	return string(append(b, 'x'))
+}
+
+// upload adds one text file to a device and returns its id once the
+// device acknowledged it.
+func upload(ctx context.Context, addr, name, text string) (string, error) {
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	w, err := mw.CreateFormFile("file", name)
+	if err != nil {
+		return "", err
+	}
+	if _, err := io.WriteString(w, text); err != nil {
+		return "", err
+	}
+	if err := mw.Close(); err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/documents", &body)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	resp, err := scraper.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Documents []struct {
+			ID     string `json:"id"`
+			Status string `json:"status"`
+		} `json:"documents"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK || len(out.Documents) != 1 || out.Documents[0].Status == "failed" {
+		return "", fmt.Errorf("upload %s: %d %+v", name, resp.StatusCode, out.Documents)
+	}
+	return out.Documents[0].ID, nil
+}
+
+// checkDocuments counts the documents device's broken acknowledgements:
+// an added document that is not there or that a search for its own word
+// does not find (given 30 s to be indexed), or a deleted one that is back.
+func (s *soak) checkDocuments(ctx context.Context) {
+	n := s.nodes[s.o.Devices]
+	n.mu.Lock()
+	base := "http://" + n.d.HTTPAddr() + "/v1/documents/"
+	n.mu.Unlock()
+	s.rep.Documents.Added, s.rep.Documents.Deleted = len(s.docs.added)+len(s.docs.deleted), len(s.docs.deleted)
+	found := func(id, word string) bool {
+		body, err := get(ctx, base+"search?k=3&q="+word)
+		return err == nil && strings.Contains(body, `"document_id":"`+id+`"`)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for id, word := range s.docs.added {
+		for !found(id, word) && time.Now().Before(deadline) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if code, _ := httpStatus(ctx, base+id); code != http.StatusOK || !found(id, word) {
+			s.rep.LostAcks++
+			s.logf("soak: acknowledged document %s (%s) is lost: %d", id, word, code)
+		}
+	}
+	for _, id := range s.docs.deleted {
+		if code, _ := httpStatus(ctx, base+id); code != http.StatusNotFound {
+			s.rep.LostAcks++
+			s.logf("soak: deleted document %s is back: %d", id, code)
+		}
+	}
+}
+
+// httpStatus is the HTTP status of a GET of url.
+func httpStatus(ctx context.Context, url string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := scraper.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }

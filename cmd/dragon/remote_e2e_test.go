@@ -37,8 +37,10 @@ func warmCollection(t *testing.T) (*weaviatetest.Cluster, string) {
 }
 
 // A cloud serving its corpus from Weaviate answers with the device; when
-// the engine dies, the cloud's /readyz says so and the device answers
-// alone, promptly, instead of hanging.
+// the engine hangs (paused) the cloud gives up on it at the URL's timeout
+// and the device answers alone, and with the cloud again once the engine
+// goes on; when the engine dies, the cloud's /readyz says so and the
+// device answers alone, promptly, instead of hanging.
 func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 	cl, url := warmCollection(t)
 
@@ -57,9 +59,24 @@ func TestCloudOnWeaviateAndItsOutage(t *testing.T) {
 	assert.Equal(t, uint32(2), a.Summary.GetPassagesCloud())
 	assert.Equal(t, http.StatusOK, ready())
 
+	// A node that hangs rather than dies: its connections stay open.
+	require.NoError(t, cl.Pause(0))
+	start := time.Now()
+	a, err = ask(t, client, req)
+	require.NoError(t, err, "device log:\n%s", dev.Logs())
+	assert.True(t, a.Summary.GetFallback(), "the device answered alone")
+	assert.Less(t, time.Since(start), 9*time.Second, "the cloud's search timeout (3 s), not the device's stall timeout (10 s), ended it")
+	require.NoError(t, cl.Resume(0))
+	require.Eventually(t, func() bool {
+		a, err := ask(t, client, req)
+		return err == nil && !a.Summary.GetFallback()
+	}, 20*time.Second, 100*time.Millisecond, "the cloud answers again once the engine goes on:\n%s", cld.Logs())
+	assert.Eventually(t, func() bool { return metric(t, cld.HTTPAddr(), "dragon_sessions") == 0 },
+		5*time.Second, 50*time.Millisecond, "no cloud session left over from the hung search")
+
 	cl.Kill(0)
 	assert.Equal(t, http.StatusServiceUnavailable, ready(), "readiness follows the engine")
-	start := time.Now()
+	start = time.Now()
 	a, err = ask(t, client, req)
 	require.NoError(t, err, "device log:\n%s", dev.Logs())
 	assert.True(t, a.Summary.GetFallback(), "the device answered alone")

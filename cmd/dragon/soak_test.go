@@ -16,13 +16,17 @@ import (
 	"github.com/dragon-rag/dragon/internal/testmodel"
 )
 
-// TestSoak is make test's short soak (issue 58): a cloud and two devices
-// as processes, two minutes of links that change shape, stall and reset,
-// a device killed mid-answer, the cloud restarted and its KV-cache disk
-// broken. No token decided with the cloud may differ from the fault-free
-// answer's, every answer ends in a state with its reason, and no session
-// or goroutine is left over.
+// TestSoak is make test's short soak (issue 58): a cloud searching a
+// Weaviate node and two devices, as processes, two minutes of links that
+// change shape, stall and reset, a device killed mid-answer, the cloud
+// restarted, its KV-cache disk filled, its search engine slowed and
+// paused, and a third device given documents and killed among them. No
+// token decided with the cloud may differ from the fault-free answer's,
+// every answer ends in a state with its reason, no acknowledged add or
+// delete is lost, and no session or goroutine is left over.
 func TestSoak(t *testing.T) {
+	cl, url := warmCollection(t)
+	host, collection, _ := strings.Cut(strings.TrimPrefix(url, "weaviate://"), "/")
 	rep, err := soakbench.Run(context.Background(), soakbench.Options{
 		Start: func(name string, args []string) (*aggbench.Daemon, error) {
 			return aggbench.StartDaemon(name, "", []string{"DRAGON_CHILD_ARGS=" + strings.Join(args, "\n")}, os.Args[0])
@@ -30,7 +34,9 @@ func TestSoak(t *testing.T) {
 		Devices: 2, Duration: 2 * time.Minute, Model: testmodel.Path(t),
 		CloudIndex: testmodel.IndexDir(t, "cloud"), DeviceIndex: testmodel.IndexDir(t, "device"),
 		Questions: promptset.Questions[:4], MaxTokens: 8, CloudTimeout: 3 * time.Second, Seed: 1,
-		Work: t.TempDir(), Log: t.Logf,
+		Work: t.TempDir(), Log: t.Logf, Documents: true,
+		Backend: &soakbench.Backend{HTTP: host, GRPC: cl.GRPC(0), Collection: collection,
+			Pause: func() error { return cl.Pause(0) }, Resume: func() error { return cl.Resume(0) }},
 	})
 	require.NoError(t, err)
 	t.Logf("%+v", rep)
@@ -47,8 +53,13 @@ func TestSoak(t *testing.T) {
 	// device's counters are read just before the kill, so one answer may
 	// slip between).
 	assert.InDelta(t, rep.Answers-rep.WithCloud, fallbacks, 1)
-	for _, kind := range []string{"kill_device", "restart_cloud", "cloud_disk", "reset", "stall_long"} {
+	for _, kind := range []string{"kill_device", "kill_documents_device", "restart_cloud", "reset", "stall_long", "backend_slow", "pause_backend"} {
 		assert.Positive(t, rep.Faults[kind], kind)
 	}
-	assert.Positive(t, rep.CacheDiskErrors, "the broken disk was written to and counted")
+	assert.Positive(t, rep.Faults["cloud_disk_full"]+rep.Faults["cloud_disk_broken"], "the cloud's disk failed")
+	assert.Positive(t, rep.CacheDiskErrors, "the failed disk was written to and counted")
+	assert.Zero(t, rep.LostAcks, "acknowledged adds and deletes of the documents device")
+	assert.Greater(t, rep.Documents.Added, 50)
+	assert.Positive(t, rep.Documents.Deleted)
+	assert.NotEmpty(t, rep.RSSMB.Minutes)
 }

@@ -8,6 +8,9 @@
 #                                  memtables out first)
 #   cluster.sh kill DIR I          kill node I at once (SIGKILL), data kept
 #   cluster.sh restart DIR I       start node I again on its old data
+#   cluster.sh pause DIR I         freeze node I (SIGSTOP): it keeps its
+#                                  connections but answers nothing
+#   cluster.sh resume DIR I        let a paused node I go on (SIGCONT)
 #   cluster.sh urls DIR            print each node's HTTP URL
 # Node I listens on BASE+I (HTTP; BASE defaults to 18080), BASE+100+I
 # (gRPC), BASE+200+2I and +1 (gossip, data), BASE+300+2I and +1 (Raft),
@@ -24,7 +27,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${WEAVIATE_BIN:-$root/build/weaviate/weaviate-server}
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 case ${WEAVIATE_BM25:-blockmax} in
   blockmax) blockmax=true ;;
@@ -124,6 +127,7 @@ stop_node() { # stop_node DIR I SIGNAL
   [ -f "$pidf" ] || return 0
   pid=$(cat "$pidf")
   if kill -0 "$pid" 2>/dev/null; then
+    kill -CONT "$pid" 2>/dev/null || true # a paused node handles no TERM
     kill "-$3" "$pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
@@ -156,6 +160,11 @@ case $cmd in
     for ((i = 0; i < $(cat "$dir/nodes"); i++)); do stop_node "$dir" "$i" TERM; done
     ;;
   kill) stop_node "$dir" "${3:?node}" KILL ;;
+  pause | resume)
+    sig=STOP
+    [ "$cmd" = resume ] && sig=CONT
+    kill "-$sig" "$(cat "$dir/node-${3:?node}.pid")"
+    ;;
   restart)
     start_node "$dir" "${3:?node}"
     wait_ready "$dir" "$3" 120

@@ -128,6 +128,25 @@ func (c *Cluster) Kill(i int) {
 	}
 }
 
+// Pause freezes node i (SIGSTOP): its connections stay open and nothing
+// on them is answered, a node that hangs rather than dies. It returns
+// an error rather than failing the test: a soak calls it from a goroutine
+// of its own.
+func (c *Cluster) Pause(i int) error {
+	if out, err := c.script("pause", strconv.Itoa(i)); err != nil {
+		return fmt.Errorf("pause node %d: %w: %s", i, err, out)
+	}
+	return nil
+}
+
+// Resume lets a paused node i go on.
+func (c *Cluster) Resume(i int) error {
+	if out, err := c.script("resume", strconv.Itoa(i)); err != nil {
+		return fmt.Errorf("resume node %d: %w: %s", i, err, out)
+	}
+	return nil
+}
+
 // Restart starts node i again on its data and waits until it is ready.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()

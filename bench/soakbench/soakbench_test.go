@@ -1,0 +1,45 @@
+package soakbench
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestSummarizeRSS: the largest RSS per minute and over the run, and the
+// growth of each process after its own warm-up (a restarted daemon is a
+// process of its own, warmed up from its first sample).
+func TestSummarizeRSS(t *testing.T) {
+	s := &soak{o: Options{Duration: 3 * time.Minute}} // a warm-up of 1 minute
+	sec := func(n int) time.Duration { return time.Duration(n) * time.Second }
+	s.rss = []rssSample{
+		{at: sec(0), process: "cloud#0", cloud: true, mb: 900},
+		{at: sec(0), process: "device 0#1", mb: 400},
+		{at: sec(61), process: "cloud#0", cloud: true, mb: 1000},
+		{at: sec(61), process: "device 0#1", mb: 500},
+		{at: sec(70), process: "device 0#2", mb: 100}, // restarted: small, then grows in its warm-up
+		{at: sec(120), process: "cloud#0", cloud: true, mb: 1050},
+		{at: sec(125), process: "device 0#2", mb: 450},
+		{at: sec(131), process: "device 0#2", mb: 460},
+		{at: sec(150), process: "device 0#1", mb: 520},
+	}
+	s.summarizeRSS()
+	r := s.rep.RSSMB
+	assert.Equal(t, 60.0, r.WarmupS)
+	assert.Equal(t, 1050.0, r.CloudMax)
+	assert.Equal(t, 520.0, r.DeviceMax)
+	assert.Equal(t, []RSSMinute{{0, 400, 900}, {1, 500, 1000}, {2, 520, 1050}}, r.Minutes)
+	// cloud 1050/1000, device 0#1 520/500, device 0#2 460/450: the cloud's 5%.
+	assert.InDelta(t, 0.05, r.GrowthAfterWarmup, 1e-9)
+}
+
+func TestUniqueWordsDiffer(t *testing.T) {
+	seen := map[string]bool{}
+	for k := range 2000 {
+		w := uniqueWord(k)
+		assert.False(t, seen[w], "%d: %s again", k, w)
+		assert.Regexp(t, `^zq[a-z]+x$`, w)
+		seen[w] = true
+	}
+}
