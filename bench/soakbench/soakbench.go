@@ -181,11 +181,11 @@ type soak struct {
 	tmpfs bool
 	start time.Time
 
-	mu    sync.Mutex
-	rep   Report
-	rss   []rssSample
+	mu         sync.Mutex
+	rep        Report
+	rss        []rssSample
 	cloudEpoch int
-	docs  documents
+	docs       documents
 }
 
 func (s *soak) logf(format string, args ...any) {
