@@ -1,0 +1,332 @@
+// Package leverbench runs dragon bench lever: a model larger than the
+// memory it is given, as on a phone (Lever, shared/papers/004). Each mode
+// decodes the same prompts greedily in a process of its own inside a
+// cgroup v1 memory group of the budget plus the process's own baseline,
+// the model file dropped from the page cache first, so that the weights
+// the budget cannot hold are read from storage again by every pass; the
+// same model runs unbudgeted beside it. It reports what Lever compares:
+// tokens per second, passes and bytes read from storage per token,
+// accepted tokens per pass and the peak memory charged.
+package leverbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/dragon-rag/dragon/bench/promptset"
+	"github.com/dragon-rag/dragon/decoder"
+	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/specdec"
+)
+
+// Modes are the decoding modes a run compares, in order. Lever's fourth,
+// trees drafted by a smaller model kept in memory, is not built yet.
+var Modes = []string{"unbudgeted", "plain", "linear", "trees"}
+
+// Options of a run.
+type Options struct {
+	// Self is the dragon binary, run once per mode as the child.
+	Self      string
+	Model     string
+	Corpus    string // the built-in prompt set's corpus folder
+	Prompts   int
+	MaxTokens int
+	BudgetMB  int
+	Modes     []string
+	Log       func(format string, args ...any)
+}
+
+// Report is what dragon bench lever --json prints.
+type Report struct {
+	Date     string  `json:"date"`
+	Model    string  `json:"model"`
+	WeightMB float64 `json:"weights_mb"`
+	BudgetMB int     `json:"budget_mb"`
+	// BaselineMB is the child's own resident memory before it loads the
+	// model: the cgroup's limit is the budget plus it.
+	BaselineMB      float64         `json:"baseline_mb"`
+	Prompts         int             `json:"prompts"`
+	MaxTokens       int             `json:"max_tokens"`
+	GreedyIdentical bool            `json:"greedy_identical"`
+	Modes           map[string]Mode `json:"modes"`
+	// Differ lists the modes and prompts whose greedy output is not the
+	// unbudgeted plain decoding's.
+	Differ []string `json:"differ,omitempty"`
+}
+
+// Mode is one mode's figures over the prompts (decoding after the first
+// token; the prefill is left out).
+type Mode struct {
+	TokS            float64 `json:"tok_s"`
+	PassesPerToken  float64 `json:"passes_per_token"`
+	ReadMBPerToken  float64 `json:"read_mb_per_token"`
+	AcceptedPerPass float64 `json:"accepted_per_pass"`
+	// PrunedRowsFrac is 0: early-exit pruning is not built.
+	PrunedRowsFrac float64 `json:"pruned_rows_frac"`
+	// PeakRSSMB is the cgroup's peak charge (page cache of the model file
+	// included) under a budget, the process's peak RSS without one.
+	PeakRSSMB float64 `json:"peak_rss_mb"`
+	TTFTMS    float64 `json:"ttft_ms_median"`
+}
+
+// childResult is what one child prints last.
+type childResult struct {
+	Mode    Mode             `json:"mode"`
+	Outputs [][]engine.Token `json:"outputs"`
+}
+
+// Run runs every mode as a child and compares them.
+func Run(ctx context.Context, o Options) (Report, error) {
+	st, err := os.Stat(o.Model)
+	if err != nil {
+		return Report{}, fmt.Errorf("lever: the model: %w", err)
+	}
+	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), Model: o.Model, WeightMB: mb(st.Size()), BudgetMB: o.BudgetMB,
+		Prompts: o.Prompts, MaxTokens: o.MaxTokens, GreedyIdentical: true, Modes: map[string]Mode{}}
+	var ref [][]engine.Token
+	for _, mode := range o.Modes {
+		if !slices.Contains(Modes, mode) {
+			return rep, fmt.Errorf("lever: no mode %q (%s)", mode, strings.Join(Modes, ", "))
+		}
+		res, baseline, err := runChild(ctx, o, mode)
+		if err != nil {
+			return rep, err
+		}
+		if mode != "unbudgeted" {
+			rep.BaselineMB = baseline
+		}
+		rep.Modes[mode] = res.Mode
+		if o.Log != nil {
+			o.Log("lever: %s: %+v", mode, res.Mode)
+		}
+		if ref == nil {
+			ref = res.Outputs
+			continue
+		}
+		for i := range ref {
+			if i >= len(res.Outputs) || !slices.Equal(ref[i], res.Outputs[i]) {
+				rep.GreedyIdentical = false
+				rep.Differ = append(rep.Differ, fmt.Sprintf("%s, prompt %d", mode, i))
+			}
+		}
+	}
+	return rep, nil
+}
+
+// runChild runs one mode in a process of its own, inside a cgroup of the
+// budget plus the child's baseline unless the mode is unbudgeted.
+func runChild(ctx context.Context, o Options, mode string) (childResult, float64, error) {
+	if err := dropCache(o.Model); err != nil {
+		return childResult{}, 0, err
+	}
+	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--corpus", o.Corpus,
+		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens)}
+	var cg *cgroup
+	var cmd *exec.Cmd
+	if mode == "unbudgeted" {
+		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
+	} else {
+		var err error
+		if cg, err = newCgroup(fmt.Sprintf("dragon-lever-%d-%s", os.Getpid(), mode)); err != nil {
+			return childResult{}, 0, err
+		}
+		defer cg.remove()
+		cmd = cg.command(argv...)
+	}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return childResult{}, 0, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return childResult{}, 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return childResult{}, 0, fmt.Errorf("lever: start the %s child: %w", mode, err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	lines.Buffer(nil, 16<<20)
+	var base struct {
+		BaselineMB float64 `json:"baseline_mb"`
+	}
+	if !lines.Scan() {
+		return childResult{}, 0, fmt.Errorf("lever: the %s child said nothing: %v", mode, lines.Err())
+	}
+	if err := json.Unmarshal(lines.Bytes(), &base); err != nil {
+		return childResult{}, 0, fmt.Errorf("lever: the %s child's baseline: %w", mode, err)
+	}
+	if cg != nil {
+		if err := cg.limit(int64((float64(o.BudgetMB) + base.BaselineMB) * (1 << 20))); err != nil {
+			return childResult{}, 0, err
+		}
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		return childResult{}, 0, err
+	}
+	if !lines.Scan() {
+		return childResult{}, 0, fmt.Errorf("lever: the %s child ended without a result (killed at the limit?): %v", mode, lines.Err())
+	}
+	var res childResult
+	if err := json.Unmarshal(lines.Bytes(), &res); err != nil {
+		return childResult{}, 0, fmt.Errorf("lever: the %s child's result: %w", mode, err)
+	}
+	if cg != nil {
+		peak, err := cg.peak()
+		if err != nil {
+			return childResult{}, 0, err
+		}
+		res.Mode.PeakRSSMB = mb(peak)
+	}
+	return res, base.BaselineMB, nil
+}
+
+// dropCache evicts the model file from the page cache, so that a run
+// starts with the weights on storage only (and pages cached by an earlier
+// run, charged to no group of ours, are not read for free).
+func dropCache(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return fadviseDontNeed(f)
+}
+
+// ChildOptions are a child's: one mode.
+type ChildOptions struct {
+	Mode      string
+	Model     string
+	Corpus    string
+	Prompts   int
+	MaxTokens int
+}
+
+// Child is one mode's process: it prints its baseline memory, waits for a
+// line on in (its parent sets the cgroup's limit meanwhile), loads the
+// model, decodes the prompts greedily and prints its figures.
+func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) error {
+	spec, ok := specOf(o.Mode)
+	if !ok {
+		return fmt.Errorf("lever: no mode %q", o.Mode)
+	}
+	prompts, err := promptset.BuiltIn(o.Corpus, o.Prompts, 1)
+	if err != nil {
+		return err
+	}
+	rss, _ := procStatus("VmRSS")
+	if err := json.NewEncoder(out).Encode(map[string]float64{"baseline_mb": rss}); err != nil {
+		return err
+	}
+	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+		return fmt.Errorf("lever: waiting for the parent: %w", err)
+	}
+	m, err := llamacpp.Load(o.Model, llamacpp.Options{Threads: 1})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	var res childResult
+	var tokens, steps int
+	var decodeMS, readBytes float64
+	var ttft []float64
+	for _, p := range prompts {
+		var readAtFirst int64
+		first := true
+		r, err := d.Generate(ctx, decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: o.MaxTokens}, func(engine.Token, string) error {
+			if first {
+				readAtFirst, first = readFromStorage(), false
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("lever: %q: %w", p.Query, err)
+		}
+		readBytes += float64(readFromStorage() - readAtFirst)
+		tokens += max(len(r.Tokens)-1, 0)
+		steps += r.Steps
+		decodeMS += r.DecodeMS
+		ttft = append(ttft, r.TTFTMS)
+		res.Outputs = append(res.Outputs, r.Tokens)
+	}
+	if tokens > 0 && steps > 0 && decodeMS > 0 {
+		res.Mode = Mode{TokS: float64(tokens) / (decodeMS / 1000), PassesPerToken: float64(steps) / float64(tokens),
+			ReadMBPerToken: readBytes / (1 << 20) / float64(tokens), AcceptedPerPass: float64(tokens) / float64(steps)}
+	}
+	slices.Sort(ttft)
+	res.Mode.TTFTMS = ttft[len(ttft)/2]
+	res.Mode.PeakRSSMB, _ = procStatus("VmHWM")
+	return json.NewEncoder(out).Encode(res)
+}
+
+// specOf is a mode's local speculation: none, linear drafts from the
+// context, or token trees from it, each under the decoder's cost model.
+func specOf(mode string) (specdec.Options, bool) {
+	switch mode {
+	case "unbudgeted", "plain":
+		return specdec.Options{}, true
+	case "linear":
+		return specdec.DefaultOptions(), true
+	case "trees":
+		o := specdec.DefaultOptions()
+		o.TreeBudget = specdec.DefaultTreeBudget
+		return o, true
+	}
+	return specdec.Options{}, false
+}
+
+// readFromStorage is the bytes this process has had read from storage
+// (/proc/self/io read_bytes: page cache misses, the mapped model's
+// included), or 0 where the kernel does not say.
+func readFromStorage() int64 {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "read_bytes: "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// procStatus reads a kB field of /proc/self/status, in MB.
+func procStatus(field string) (float64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024, err
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/self/status", field)
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }

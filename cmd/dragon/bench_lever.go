@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/dragon-rag/dragon/bench/leverbench"
+)
+
+func init() { benchCommands = append(benchCommands, newBenchLeverCmd) }
+
+func newBenchLeverCmd() *cobra.Command {
+	var (
+		o     leverbench.Options
+		child string
+	)
+	cmd := &cobra.Command{
+		Use:   "lever",
+		Short: "A model larger than its memory budget (Lever): plain decoding, linear speculation and token trees under a cgroup v1 memory limit, beside the same model unbudgeted",
+		Long: `Runs each mode (--modes: unbudgeted, plain, linear, trees) as a process of
+its own, one thread, decoding the same --n built-in prompts (one passage
+each) greedily for --max-tokens. Every budgeted mode runs inside a cgroup
+v1 memory group (/sys/fs/cgroup/memory, root) limited to --budget-mb plus
+the process's own baseline, page cache included, and the model file is
+dropped from the page cache before each mode: what the budget cannot hold
+is read from storage again by every forward pass. It reports tokens/s,
+passes per token, MB read from storage per token (/proc/self/io), accepted
+tokens per pass, the peak memory charged and the median time to first
+token, and whether every mode's greedy output equals the unbudgeted one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if child != "" {
+				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
+					Mode: child, Model: o.Model, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens})
+			}
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Self = self
+			o.Log = func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...) }
+			rep, err := leverbench.Run(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return writeJSON(cmd.OutOrStdout(), rep)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Model, "model", "models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "the target model (make qwen)")
+	f.StringVar(&o.Corpus, "corpus", "data/corpus", "corpus folder of the built-in prompt set (make corpus)")
+	f.IntVar(&o.Prompts, "n", 4, "prompts")
+	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens decoded per prompt")
+	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
+	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
+	f.StringVar(&child, "child", "", "run one mode as the child of a run (internal)")
+	_ = f.MarkHidden("child")
+	f.Bool("json", true, "print the report as JSON (always)")
+	return cmd
+}
