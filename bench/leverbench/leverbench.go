@@ -27,7 +27,9 @@ import (
 	"github.com/dragon-rag/dragon/bench/promptset"
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/gguf"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/engine/residency"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -45,7 +47,13 @@ type Options struct {
 	MaxTokens int
 	BudgetMB  int
 	Modes     []string
-	Log       func(format string, args ...any)
+	// Pin locks the part of the weights the budget holds beside the rest
+	// (residency.Plan) in every budgeted mode; without it the kernel's LRU
+	// alone decides what stays.
+	Pin bool
+	// Advice is the madvise of the model's mapping in budgeted modes.
+	Advice residency.Advice
+	Log    func(format string, args ...any)
 }
 
 // Report is what dragon bench lever --json prints.
@@ -79,6 +87,10 @@ type Mode struct {
 	// included) under a budget, the process's peak RSS without one.
 	PeakRSSMB float64 `json:"peak_rss_mb"`
 	TTFTMS    float64 `json:"ttft_ms_median"`
+	// PinnedMB is the weights locked in memory (Options.Pin).
+	PinnedMB float64 `json:"pinned_mb"`
+	// Advice is the madvise the model's mapping had.
+	Advice residency.Advice `json:"advice"`
 }
 
 // childResult is what one child prints last.
@@ -132,7 +144,11 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 		return childResult{}, 0, err
 	}
 	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--corpus", o.Corpus,
-		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens)}
+		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
+		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--advice", string(o.Advice)}
+	if mode == "unbudgeted" {
+		argv[len(argv)-1] = string(residency.AdviceNormal)
+	}
 	var cg *cgroup
 	var cmd *exec.Cmd
 	if mode == "unbudgeted" {
@@ -172,6 +188,11 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 	}
 	if cg != nil {
 		if err := cg.limit(int64((float64(o.BudgetMB) + base.BaselineMB) * (1 << 20))); err != nil {
+			return childResult{}, 0, err
+		}
+		// The peak from here on: starting the binary was charged before
+		// the limit.
+		if err := cg.write("memory.max_usage_in_bytes", 0); err != nil {
 			return childResult{}, 0, err
 		}
 	}
@@ -217,7 +238,16 @@ type ChildOptions struct {
 	Corpus    string
 	Prompts   int
 	MaxTokens int
+	// BudgetMB and Pin: lock what the budget holds of the weights, beside
+	// the memory the child already uses and room to page a layer in.
+	BudgetMB int
+	Pin      bool
+	Advice   residency.Advice
 }
+
+// pinSlack is memory the child keeps free of pinned weights for what it
+// allocates while decoding (the Go heap, llama.cpp's graphs).
+const pinSlack = 48 << 20
 
 // Child is one mode's process: it prints its baseline memory, waits for a
 // line on in (its parent sets the cgroup's limit meanwhile), loads the
@@ -231,8 +261,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	if err != nil {
 		return err
 	}
-	rss, _ := procStatus("VmRSS")
-	if err := json.NewEncoder(out).Encode(map[string]float64{"baseline_mb": rss}); err != nil {
+	baseline, _ := procStatus("VmRSS")
+	if err := json.NewEncoder(out).Encode(map[string]float64{"baseline_mb": baseline}); err != nil {
 		return err
 	}
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
@@ -249,6 +279,29 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	}
 	defer d.Close()
 	var res childResult
+	if err := residency.Advise(o.Model, o.Advice); err != nil {
+		return err
+	}
+	res.Mode.Advice = o.Advice
+	if o.Pin {
+		tensors, err := gguf.Tensors(o.Model)
+		if err != nil {
+			return err
+		}
+		anon, err := procStatus("RssAnon")
+		if err != nil {
+			return err
+		}
+		_, layer := residency.Plan(tensors, 0)
+		room := int64((float64(o.BudgetMB)+baseline-anon)*(1<<20)) - 2*layer - pinSlack
+		pin, _ := residency.Plan(tensors, room)
+		p, err := residency.Pin(o.Model, pin)
+		if err != nil {
+			return err
+		}
+		defer p.Unpin()
+		res.Mode.PinnedMB = mb(p.Bytes)
+	}
 	var tokens, steps int
 	var decodeMS, readBytes float64
 	var ttft []float64
@@ -272,8 +325,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		res.Outputs = append(res.Outputs, r.Tokens)
 	}
 	if tokens > 0 && steps > 0 && decodeMS > 0 {
-		res.Mode = Mode{TokS: float64(tokens) / (decodeMS / 1000), PassesPerToken: float64(steps) / float64(tokens),
-			ReadMBPerToken: readBytes / (1 << 20) / float64(tokens), AcceptedPerPass: float64(tokens) / float64(steps)}
+		res.Mode.TokS, res.Mode.PassesPerToken = float64(tokens)/(decodeMS/1000), float64(steps)/float64(tokens)
+		res.Mode.ReadMBPerToken, res.Mode.AcceptedPerPass = readBytes/(1<<20)/float64(tokens), float64(tokens)/float64(steps)
 	}
 	slices.Sort(ttft)
 	res.Mode.TTFTMS = ttft[len(ttft)/2]

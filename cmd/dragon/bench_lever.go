@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dragon-rag/dragon/bench/leverbench"
+	"github.com/dragon-rag/dragon/engine/residency"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchLeverCmd) }
@@ -28,12 +29,16 @@ dropped from the page cache before each mode: what the budget cannot hold
 is read from storage again by every forward pass. It reports tokens/s,
 passes per token, MB read from storage per token (/proc/self/io), accepted
 tokens per pass, the peak memory charged and the median time to first
-token, and whether every mode's greedy output equals the unbudgeted one.`,
+token, and whether every mode's greedy output equals the unbudgeted one.
+With --pin (the default) a budgeted mode locks the weights the budget
+holds beside what it already uses and room to page a layer in, first
+layers first, the token embeddings (read a row a token) never; the rest
+is read once a pass.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
 				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
-					Mode: child, Model: o.Model, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens})
+					Mode: child, Model: o.Model, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice})
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -55,6 +60,8 @@ token, and whether every mode's greedy output equals the unbudgeted one.`,
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens decoded per prompt")
 	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
+	f.BoolVar(&o.Pin, "pin", true, "lock the part of the weights the budget holds (every pass reads the rest from storage once); false leaves it to the kernel's LRU")
+	f.StringVar((*string)(&o.Advice), "advice", string(residency.AdviceSequential), "madvise of the model's mapping under the budget: normal, sequential or random")
 	f.StringVar(&child, "child", "", "run one mode as the child of a run (internal)")
 	_ = f.MarkHidden("child")
 	f.Bool("json", true, "print the report as JSON (always)")

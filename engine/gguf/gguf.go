@@ -103,30 +103,129 @@ func TokenizerHash(path string) (string, error) {
 	return fmt.Sprintf("%x", all.Sum(nil)), nil
 }
 
+// Tensor is where one tensor's data lies in a GGUF file.
+type Tensor struct {
+	Name string
+	// Offset is from the start of the file; Size runs to the next
+	// tensor's data (its alignment padding included) or the file's end.
+	Offset, Size int64
+}
+
+// defaultAlignment is GGUF's data alignment when general.alignment is not
+// set.
+const defaultAlignment = 32
+
+// Tensors lists the file's tensors in the order of their data.
+func Tensors(path string) ([]Tensor, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("gguf: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("gguf: %w", err)
+	}
+	r := &reader{r: bufio.NewReaderSize(f, 1<<20)}
+	nt, nk, err := r.counts()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	align := uint64(defaultAlignment)
+	for range nk {
+		key, err := r.string(nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: metadata key: %w", path, err)
+		}
+		if string(key) == "general.alignment" {
+			t, err := r.uint(4, nil)
+			if err != nil {
+				return nil, err
+			}
+			if t != typeUint32 {
+				return nil, fmt.Errorf("%s: %w: general.alignment of type %d", path, ErrFormat, t)
+			}
+			if align, err = r.uint(4, nil); err != nil {
+				return nil, err
+			}
+			if align == 0 {
+				return nil, fmt.Errorf("%s: %w: general.alignment 0", path, ErrFormat)
+			}
+			continue
+		}
+		if err := r.value(nil); err != nil {
+			return nil, fmt.Errorf("%s: metadata %q: %w", path, key, err)
+		}
+	}
+	out := make([]Tensor, 0, min(nt, 1<<16))
+	for range nt {
+		name, err := r.string(nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: tensor name: %w", path, err)
+		}
+		dims, err := r.uint(4, nil)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.skip(int64(dims)*8+4, nil); err != nil { // the dims and the type
+			return nil, err
+		}
+		off, err := r.uint(8, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Tensor{Name: string(name), Offset: int64(off)})
+	}
+	data := int64((uint64(r.pos) + align - 1) / align * align)
+	slices.SortFunc(out, func(a, b Tensor) int { return int(a.Offset - b.Offset) })
+	for i := range out {
+		end := st.Size() - data
+		if i+1 < len(out) {
+			end = out[i+1].Offset
+		}
+		out[i].Size = end - out[i].Offset
+		out[i].Offset += data
+		if out[i].Size < 0 || out[i].Offset+out[i].Size > st.Size() {
+			return nil, fmt.Errorf("%s: %w: tensor %q lies outside the file", path, ErrFormat, out[i].Name)
+		}
+	}
+	return out, nil
+}
+
 // reader decodes GGUF's little-endian metadata, copying what it reads into
-// a hash when one is given.
+// a hash when one is given, and counting the bytes it consumed.
 type reader struct {
 	r   *bufio.Reader
 	buf [8]byte
+	pos int64
 }
 
 // header checks the magic and version and returns the number of keys.
 func (r *reader) header() (uint64, error) {
+	_, keys, err := r.counts()
+	return keys, err
+}
+
+// counts checks the magic and version and returns the numbers of tensors
+// and of keys.
+func (r *reader) counts() (tensors, keys uint64, err error) {
 	var magic [4]byte
 	if _, err := io.ReadFull(r.r, magic[:]); err != nil || !bytes.Equal(magic[:], []byte("GGUF")) {
-		return 0, fmt.Errorf("%w: not a GGUF file", ErrFormat)
+		return 0, 0, fmt.Errorf("%w: not a GGUF file", ErrFormat)
 	}
+	r.pos += 4
 	v, err := r.uint(4, nil)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if v != 2 && v != 3 {
-		return 0, fmt.Errorf("%w: version %d (2 or 3 supported)", ErrFormat, v)
+		return 0, 0, fmt.Errorf("%w: version %d (2 or 3 supported)", ErrFormat, v)
 	}
-	if _, err := r.uint(8, nil); err != nil { // tensor count
-		return 0, err
+	if tensors, err = r.uint(8, nil); err != nil {
+		return 0, 0, err
 	}
-	return r.uint(8, nil)
+	keys, err = r.uint(8, nil)
+	return tensors, keys, err
 }
 
 func (r *reader) uint(size int, h hash.Hash) (uint64, error) {
@@ -134,6 +233,7 @@ func (r *reader) uint(size int, h hash.Hash) (uint64, error) {
 	if _, err := io.ReadFull(r.r, b); err != nil {
 		return 0, fmt.Errorf("%w: %w", ErrFormat, err)
 	}
+	r.pos += int64(size)
 	if h != nil {
 		h.Write(b)
 	}
@@ -155,6 +255,7 @@ func (r *reader) string(h hash.Hash) ([]byte, error) {
 	if n > maxString {
 		return nil, fmt.Errorf("%w: a string of %d bytes", ErrFormat, n)
 	}
+	r.pos += int64(n)
 	if h != nil {
 		if _, err := io.CopyN(h, r.r, int64(n)); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrFormat, err)
@@ -222,5 +323,6 @@ func (r *reader) skip(n int64, h hash.Hash) error {
 	if _, err := io.CopyN(w, r.r, n); err != nil {
 		return fmt.Errorf("%w: %w", ErrFormat, err)
 	}
+	r.pos += n
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -75,4 +76,39 @@ func TestWriterLaysOutAlignedTensors(t *testing.T) {
 func TestWriterPanicsOnAShapeItsDataDoesNotFill(t *testing.T) {
 	var w Writer
 	assert.Panics(t, func() { w.Tensor("x", []float32{1, 2}, 3) })
+}
+
+// TestTensorsFindTheirData: Tensors places each tensor's data where the
+// writer put it, in a file read back from disk, and spans the data to the
+// file's end.
+func TestTensorsFindTheirData(t *testing.T) {
+	var w Writer
+	w.String("general.architecture", "bert")
+	w.Tensor("a", []float32{1, 2, 3}, 3)
+	w.Tensor("b", []float32{-1, 0.5, 4, 8, 16, 32}, 3, 2)
+	var b bytes.Buffer
+	_, err := w.WriteTo(&b)
+	require.NoError(t, err)
+	path := t.TempDir() + "/m.gguf"
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+
+	ts, err := Tensors(path)
+	require.NoError(t, err)
+	require.Len(t, ts, 2)
+	file := b.Bytes()
+	at := func(tt Tensor, i int) float32 {
+		return math.Float32frombits(binary.LittleEndian.Uint32(file[tt.Offset+int64(4*i):]))
+	}
+	assert.Equal(t, "a", ts[0].Name)
+	assert.Equal(t, []float32{1, 2, 3}, []float32{at(ts[0], 0), at(ts[0], 1), at(ts[0], 2)})
+	assert.Equal(t, "b", ts[1].Name)
+	assert.Equal(t, float32(-1), at(ts[1], 0))
+	assert.Equal(t, float32(32), at(ts[1], 5))
+	assert.Zero(t, ts[0].Offset%alignment)
+	assert.Equal(t, ts[1].Offset, ts[0].Offset+ts[0].Size, "a's span runs to b's data")
+	assert.Equal(t, int64(len(file)), ts[1].Offset+ts[1].Size, "the last runs to the end")
+
+	require.NoError(t, os.WriteFile(path, file[:ts[1].Offset-8], 0o644))
+	_, err = Tensors(path)
+	assert.ErrorIs(t, err, ErrFormat, "a file cut short")
 }

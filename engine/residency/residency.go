@@ -1,0 +1,199 @@
+// Package residency keeps chosen tensors of a memory-mapped model file in
+// memory while the rest of the file is left to the kernel, for a model
+// larger than the memory it is given (Lever, shared/papers/004): a
+// forward pass reads every layer in turn, so under a memory limit the
+// kernel's LRU evicts each layer just before the next pass needs it and
+// every pass reads the whole file again. Locking a part of it that fits
+// leaves only the rest to be read, once a pass.
+package residency
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/dragon-rag/dragon/engine/gguf"
+)
+
+// tokenEmbeddings is read a row per token, not in full by every pass: it
+// gains nothing from being pinned (unless the output shares it, in which
+// case the file has no output.weight of its own).
+const tokenEmbeddings = "token_embd.weight"
+
+// Plan picks the tensors to pin within budget bytes: those every pass
+// reads in full, in file order (the first layers first), each whole. It
+// also returns the largest layer's bytes (blk.N), the room the kernel
+// needs to page an unpinned layer in.
+func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer int64) {
+	tied := true
+	layers := map[string]int64{}
+	for _, t := range tensors {
+		if t.Name == "output.weight" {
+			tied = false
+		}
+		if l, ok := layerOf(t.Name); ok {
+			layers[l] += t.Size
+		}
+	}
+	for _, n := range layers {
+		largestLayer = max(largestLayer, n)
+	}
+	used := int64(0)
+	for _, t := range tensors {
+		if t.Name == tokenEmbeddings && !tied {
+			continue
+		}
+		if used+t.Size > budget {
+			continue
+		}
+		pin = append(pin, t)
+		used += t.Size
+	}
+	return pin, largestLayer
+}
+
+// layerOf is a tensor's layer ("blk.7"), if it is in one.
+func layerOf(name string) (string, bool) {
+	if rest, ok := strings.CutPrefix(name, "blk."); ok {
+		if i := strings.IndexByte(rest, '.'); i > 0 {
+			return "blk." + rest[:i], true
+		}
+	}
+	return "", false
+}
+
+// Pinned is a set of locked ranges of the process's mapping of a file.
+type Pinned struct {
+	ranges [][2]uintptr
+	Bytes  int64
+}
+
+// Pin locks the pages of tensors in this process's mapping of path (the
+// one the engine made when it loaded the model), reading them in now.
+// Locking needs the right (CAP_IPC_LOCK, or RLIMIT_MEMLOCK room); without
+// it Pin fails and nothing stays locked.
+func Pin(path string, tensors []gguf.Tensor) (*Pinned, error) {
+	maps, err := mappingsOf(path)
+	if err != nil {
+		return nil, err
+	}
+	page := uintptr(os.Getpagesize())
+	p := &Pinned{}
+	for _, t := range tensors {
+		addr, ok := addressOf(maps, t.Offset, t.Size)
+		if !ok {
+			p.Unpin()
+			return nil, fmt.Errorf("residency: tensor %s (bytes %d-%d of %s) is not mapped here", t.Name, t.Offset, t.Offset+t.Size, path)
+		}
+		start := addr &^ (page - 1)
+		end := (addr + uintptr(t.Size) + page - 1) &^ (page - 1)
+		if _, _, e := syscall.Syscall(syscall.SYS_MLOCK, start, end-start, 0); e != 0 {
+			p.Unpin()
+			return nil, fmt.Errorf("residency: lock tensor %s (%d MiB): %w", t.Name, t.Size>>20, e)
+		}
+		p.ranges = append(p.ranges, [2]uintptr{start, end})
+		p.Bytes += int64(end - start)
+	}
+	return p, nil
+}
+
+// Unpin unlocks what Pin locked.
+func (p *Pinned) Unpin() {
+	for _, r := range p.ranges {
+		_, _, _ = syscall.Syscall(syscall.SYS_MUNLOCK, r[0], r[1]-r[0], 0)
+	}
+	p.ranges, p.Bytes = nil, 0
+}
+
+// Advice is how the kernel should expect the unpinned weights to be read
+// (madvise).
+type Advice string
+
+// The advice Advise takes: the kernel's default readahead, sequential
+// (read further ahead and drop pages soon after they are read), or random
+// (no readahead: only the pages touched).
+const (
+	AdviceNormal     Advice = "normal"
+	AdviceSequential Advice = "sequential"
+	AdviceRandom     Advice = "random"
+)
+
+// Advise gives the kernel advice on this process's whole mapping of path.
+func Advise(path string, a Advice) error {
+	flag := map[Advice]uintptr{AdviceNormal: syscall.MADV_NORMAL, AdviceSequential: syscall.MADV_SEQUENTIAL, AdviceRandom: syscall.MADV_RANDOM}
+	f, ok := flag[a]
+	if !ok {
+		return fmt.Errorf("residency: no advice %q (normal, sequential, random)", a)
+	}
+	maps, err := mappingsOf(path)
+	if err != nil {
+		return err
+	}
+	for _, m := range maps {
+		if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, m.start, m.end-m.start, f); e != 0 {
+			return fmt.Errorf("residency: madvise %s: %w", a, e)
+		}
+	}
+	return nil
+}
+
+// mapping is one line of /proc/self/maps for the file.
+type mapping struct {
+	start, end uintptr
+	offset     int64
+}
+
+// mappingsOf lists this process's mappings of path.
+func mappingsOf(path string) ([]mapping, error) {
+	abs, err := filepath.EvalSymlinks(path)
+	if err == nil {
+		abs, err = filepath.Abs(abs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("residency: %w", err)
+	}
+	f, err := os.Open("/proc/self/maps")
+	if err != nil {
+		return nil, fmt.Errorf("residency: %w", err)
+	}
+	defer f.Close()
+	var out []mapping
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// 7f..-7f.. r--p 00000000 08:01 1234   /path/to/model.gguf
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 6 || strings.Join(fields[5:], " ") != abs {
+			continue
+		}
+		lo, hi, _ := strings.Cut(fields[0], "-")
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		end, err2 := strconv.ParseUint(hi, 16, 64)
+		off, err3 := strconv.ParseInt(fields[2], 16, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("residency: /proc/self/maps: %q: %w", sc.Text(), err)
+		}
+		out = append(out, mapping{start: uintptr(start), end: uintptr(end), offset: off})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("residency: /proc/self/maps: %w", err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("residency: %s is not mapped in this process", abs)
+	}
+	return out, nil
+}
+
+// addressOf is where bytes [off, off+size) of the file lie in one mapping.
+func addressOf(maps []mapping, off, size int64) (uintptr, bool) {
+	for _, m := range maps {
+		if off >= m.offset && off+size <= m.offset+int64(m.end-m.start) {
+			return m.start + uintptr(off-m.offset), true
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,95 @@
+package residency
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/engine/gguf"
+)
+
+func TestPlan(t *testing.T) {
+	mb := int64(1 << 20)
+	untied := []gguf.Tensor{
+		{Name: "token_embd.weight", Size: 100 * mb},
+		{Name: "blk.0.attn_q.weight", Size: 10 * mb}, {Name: "blk.0.ffn_up.weight", Size: 20 * mb},
+		{Name: "blk.1.attn_q.weight", Size: 10 * mb}, {Name: "blk.1.ffn_up.weight", Size: 20 * mb},
+		{Name: "output_norm.weight", Size: 1}, {Name: "output.weight", Size: 150 * mb},
+	}
+	names := func(ts []gguf.Tensor) []string {
+		var out []string
+		for _, t := range ts {
+			out = append(out, t.Name)
+		}
+		return out
+	}
+	pin, largest := Plan(untied, 45*mb)
+	assert.Equal(t, 30*mb, largest, "the largest layer")
+	assert.Equal(t, []string{"blk.0.attn_q.weight", "blk.0.ffn_up.weight", "blk.1.attn_q.weight", "output_norm.weight"}, names(pin),
+		"the embeddings, read a row a token, are never pinned; what fits, in file order")
+	pin, _ = Plan(untied, 0)
+	assert.Empty(t, pin)
+	// Tied: the output reads the whole embedding matrix every pass.
+	tied := untied[:len(untied)-1]
+	pin, _ = Plan(tied, 100*mb)
+	assert.Equal(t, []string{"token_embd.weight"}, names(pin))
+}
+
+// vmLocked is this process's locked memory (VmLck), in bytes.
+func vmLocked(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	require.NoError(t, err)
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmLck:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmLck")
+	return 0
+}
+
+// TestPinLocksTheMappedTensors: a GGUF file mapped as the engine maps it;
+// Pin locks exactly the pages of the tensors asked for, Unpin lets them
+// go, and a file this process has not mapped is refused.
+func TestPinLocksTheMappedTensors(t *testing.T) {
+	var w gguf.Writer
+	w.String("general.architecture", "llama")
+	w.Tensor("blk.0.a", make([]float32, 4096), 4096)   // 16 KiB
+	w.Tensor("blk.0.b", make([]float32, 8192), 8192)   // 32 KiB
+	w.Tensor("blk.1.a", make([]float32, 16384), 16384) // 64 KiB
+	var b bytes.Buffer
+	_, err := w.WriteTo(&b)
+	require.NoError(t, err)
+	path := t.TempDir() + "/m.gguf"
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+	ts, err := gguf.Tensors(path)
+	require.NoError(t, err)
+
+	_, err = Pin(path, ts)
+	require.ErrorContains(t, err, "not mapped in this process")
+
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	data, err := syscall.Mmap(int(f.Fd()), 0, b.Len(), syscall.PROT_READ, syscall.MAP_SHARED)
+	require.NoError(t, err)
+	defer syscall.Munmap(data)
+
+	before := vmLocked(t)
+	p, err := Pin(path, ts[1:2]) // blk.0.b: 32 KiB, and the pages it straddles
+	require.NoError(t, err)
+	page := int64(os.Getpagesize())
+	assert.GreaterOrEqual(t, p.Bytes, int64(32<<10))
+	assert.LessOrEqual(t, p.Bytes, int64(32<<10)+2*page)
+	assert.Equal(t, before+p.Bytes, vmLocked(t))
+	p.Unpin()
+	assert.Equal(t, before, vmLocked(t))
+}
