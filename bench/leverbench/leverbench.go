@@ -13,7 +13,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,7 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/dragon-rag/dragon/bench/promptset"
@@ -30,6 +28,7 @@ import (
 	"github.com/dragon-rag/dragon/engine/gguf"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/engine/residency"
+	"github.com/dragon-rag/dragon/internal/memcgroup"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -140,7 +139,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 // runChild runs one mode in a process of its own, inside a cgroup of the
 // budget plus the child's baseline unless the mode is unbudgeted.
 func runChild(ctx context.Context, o Options, mode string) (childResult, float64, error) {
-	if err := dropCache(o.Model); err != nil {
+	if err := memcgroup.DropFromPageCache(o.Model); err != nil {
 		return childResult{}, 0, err
 	}
 	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--corpus", o.Corpus,
@@ -149,18 +148,16 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 	if mode == "unbudgeted" {
 		argv[len(argv)-1] = string(residency.AdviceNormal)
 	}
-	var cg *cgroup
-	var cmd *exec.Cmd
-	if mode == "unbudgeted" {
-		cmd = exec.CommandContext(ctx, argv[0], argv[1:]...)
-	} else {
+	var cg *memcgroup.Group
+	if mode != "unbudgeted" {
 		var err error
-		if cg, err = newCgroup(fmt.Sprintf("dragon-lever-%d-%s", os.Getpid(), mode)); err != nil {
+		if cg, err = memcgroup.New(fmt.Sprintf("dragon-lever-%d-%s", os.Getpid(), mode)); err != nil {
 			return childResult{}, 0, err
 		}
-		defer cg.remove()
-		cmd = cg.command(argv...)
+		defer cg.Remove()
+		argv = cg.Argv(argv...)
 	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -187,12 +184,9 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 		return childResult{}, 0, fmt.Errorf("lever: the %s child's baseline: %w", mode, err)
 	}
 	if cg != nil {
-		if err := cg.limit(int64((float64(o.BudgetMB) + base.BaselineMB) * (1 << 20))); err != nil {
-			return childResult{}, 0, err
-		}
-		// The peak from here on: starting the binary was charged before
-		// the limit.
-		if err := cg.write("memory.max_usage_in_bytes", 0); err != nil {
+		// The peak counts from here on: starting the binary was charged
+		// before the limit.
+		if err := cg.Limit(int64((float64(o.BudgetMB) + base.BaselineMB) * (1 << 20))); err != nil {
 			return childResult{}, 0, err
 		}
 	}
@@ -207,28 +201,13 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 		return childResult{}, 0, fmt.Errorf("lever: the %s child's result: %w", mode, err)
 	}
 	if cg != nil {
-		peak, err := cg.peak()
+		peak, err := cg.Peak()
 		if err != nil {
 			return childResult{}, 0, err
 		}
 		res.Mode.PeakRSSMB = mb(peak)
 	}
 	return res, base.BaselineMB, nil
-}
-
-// dropCache evicts the model file from the page cache, so that a run
-// starts with the weights on storage only (and pages cached by an earlier
-// run, charged to no group of ours, are not read for free).
-func dropCache(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return fadviseDontNeed(f)
 }
 
 // ChildOptions are a child's: one mode.

@@ -17,6 +17,16 @@ import (
 // batch, which engine/llamacpp also caps its graphs at.
 const planUbatch = 512
 
+// streamUbatch is the most tokens of one pass when the weights are
+// streamed: the logits of a pass take ubatch × vocab × 4 bytes of the
+// budget (311 MiB at 512 for a vocabulary of 152k), and a prompt prefilled
+// in more passes costs little more where every pass reads the weights.
+const streamUbatch = 64
+
+// streamSlack is room a streamed plan leaves beside two layers' pages for
+// what the daemon allocates while it runs (the Go heap, llama.cpp's graphs).
+const streamSlack = 48 << 20
+
 // memoryPlan is how a --memory-mb budget is spent, in bytes.
 type memoryPlan struct {
 	Weights int64 // the model's tensors, mapped from the file
@@ -26,6 +36,13 @@ type memoryPlan struct {
 	// Sequences is how many passage sequences of --ctx positions the
 	// context holds: --max-passages, or fewer when the budget says so.
 	Sequences int
+	// Streamed: the weights do not fit beside the rest, so passes of at
+	// most Ubatch tokens read them from the file, Pinned bytes of them
+	// locked in memory (engine/residency) and room for two layers' pages
+	// (Window) left to the kernel.
+	Streamed       bool
+	Ubatch         int
+	Pinned, Window int64
 }
 
 // planMemory sizes the decoder's context to a budget:
@@ -39,21 +56,35 @@ type memoryPlan struct {
 // which bound llama.cpp's compute buffer from above (98 MiB measured for
 // SmolLM2-135M at ctx 1024 against 114 MiB estimated). The Go runtime,
 // the index and an embedding model are not counted.
-func planMemory(budget int64, fp llamacpp.Footprint, ctx, maxPassages int, cache int64) (memoryPlan, error) {
-	p := memoryPlan{
-		Weights: fp.Weights,
-		Compute: int64(planUbatch) * int64(fp.Vocab+fp.Heads*ctx) * 4,
-		Cache:   cache,
-	}
+//
+// When the weights do not fit, the plan streams them (Lever): passes of
+// streamUbatch tokens, so compute shrinks, and
+//
+//	pinned = budget − compute − prefix cache − KV − 2 × the largest layer − slack
+//
+// of the weights are locked in memory, the rest read from the file by
+// every pass. It fails when even that cannot hold one sequence, naming the
+// least budget that can.
+func planMemory(budget int64, fp llamacpp.Footprint, ctx, maxPassages int, cache, largestLayer int64) (memoryPlan, error) {
+	compute := func(ubatch int) int64 { return int64(ubatch) * int64(fp.Vocab+fp.Heads*ctx) * 4 }
+	p := memoryPlan{Weights: fp.Weights, Compute: compute(planUbatch), Cache: cache, Ubatch: planUbatch}
 	perSeq := int64(ctx) * fp.KVPerToken
-	room := budget - p.Weights - p.Compute - p.Cache
-	p.Sequences = int(min(int64(maxPassages), max(room, 0)/perSeq))
-	if p.Sequences < 1 {
-		need := p.Weights + p.Compute + p.Cache + perSeq
-		return p, fmt.Errorf("--memory-mb %d cannot hold one passage sequence: the weights take %d MiB, compute %d MiB, --kv-cache-mb %d MiB and one sequence of --ctx %d positions %d MiB (%d bytes per position); give at least --memory-mb %d, or lower --ctx or --kv-cache-mb",
-			budget>>20, mib(p.Weights), mib(p.Compute), mib(p.Cache), ctx, mib(perSeq), fp.KVPerToken, mib(need))
+	if room := budget - p.Weights - p.Compute - p.Cache; room >= perSeq {
+		p.Sequences = int(min(int64(maxPassages), room/perSeq))
+		p.KV = int64(p.Sequences) * perSeq
+		return p, nil
 	}
+	p.Streamed, p.Ubatch, p.Compute = true, streamUbatch, compute(streamUbatch)
+	p.Window = 2*largestLayer + streamSlack
+	room := budget - p.Compute - p.Cache - p.Window
+	if room < perSeq {
+		need := p.Compute + p.Cache + p.Window + perSeq
+		return p, fmt.Errorf("--memory-mb %d cannot hold one passage sequence even with the weights (%d MiB) streamed from the file: compute %d MiB (passes of %d tokens), --kv-cache-mb %d MiB, one sequence of --ctx %d positions %d MiB (%d bytes per position) and room for two layers' pages %d MiB; give at least --memory-mb %d, or lower --ctx or --kv-cache-mb",
+			budget>>20, mib(p.Weights), mib(p.Compute), p.Ubatch, mib(p.Cache), ctx, mib(perSeq), fp.KVPerToken, mib(p.Window), mib(need))
+	}
+	p.Sequences = int(min(int64(maxPassages), room/perSeq))
 	p.KV = int64(p.Sequences) * perSeq
+	p.Pinned = min(room-p.KV, p.Weights)
 	return p, nil
 }
 

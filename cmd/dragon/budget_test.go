@@ -21,39 +21,57 @@ import (
 var smol = llamacpp.Footprint{Weights: 143_025_984, KVPerToken: 23_040, Vocab: 49_152, Heads: 9}
 
 func TestPlanMemory(t *testing.T) {
-	// Compute at ctx 1024: 512 × (49152 + 9·1024) × 4 = 119,537,664 bytes.
-	const compute = 119_537_664
+	// Compute at ctx 1024: 512 × (49152 + 9·1024) × 4 = 119,537,664 bytes;
+	// streamed, in passes of 64 tokens, an eighth of it.
+	const compute, streamedCompute = 119_537_664, 14_942_208
+	const layer = 4 << 20
 	perSeq := int64(1024 * 23_040)
 	fixed := smol.Weights + compute
+	window := int64(2*layer + streamSlack)
 	cases := []struct {
 		name        string
 		budget      int64
 		maxPassages int
 		cache       int64
 		want        int // sequences; 0: an error
+		streamed    bool
 	}{
-		{"room for all", fixed + 8*perSeq, 8, 0, 8},
-		{"room for three", fixed + 3*perSeq + perSeq/2, 8, 0, 3},
-		{"exactly one", fixed + perSeq, 8, 0, 1},
-		{"one byte short", fixed + perSeq - 1, 8, 0, 0},
-		{"the prefix cache counts", fixed + 3*perSeq, 8, perSeq, 2},
-		{"less than the weights", 64 << 20, 8, 0, 0},
-		{"max-passages caps", fixed + 100*perSeq, 4, 0, 4},
+		{"room for all", fixed + 8*perSeq, 8, 0, 8, false},
+		{"room for three", fixed + 3*perSeq + perSeq/2, 8, 0, 3, false},
+		{"exactly one", fixed + perSeq, 8, 0, 1, false},
+		{"one byte short: the weights are streamed", fixed + perSeq - 1, 8, 0, 8, true},
+		{"the prefix cache counts", fixed + 3*perSeq, 8, perSeq, 2, false},
+		{"max-passages caps", fixed + 100*perSeq, 4, 0, 4, false},
+		{"less than the weights", smol.Weights * 3 / 4, 8, 0, 1, true},
+		{"the least that streams", streamedCompute + window + perSeq, 8, 0, 1, true},
+		{"one byte below it", streamedCompute + window + perSeq - 1, 8, 0, 0, true},
+		{"the cache counts when streamed", streamedCompute + window + perSeq, 8, 1, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := planMemory(c.budget, smol, 1024, c.maxPassages, c.cache)
+			p, err := planMemory(c.budget, smol, 1024, c.maxPassages, c.cache, layer)
 			if c.want == 0 {
 				require.Error(t, err)
-				assert.Contains(t, err.Error(), "cannot hold one passage sequence")
-				assert.Contains(t, err.Error(), fmt.Sprintf("at least --memory-mb %d", mib(fixed+c.cache+perSeq)))
+				assert.Contains(t, err.Error(), "cannot hold one passage sequence even with the weights (137 MiB) streamed")
+				assert.Contains(t, err.Error(), fmt.Sprintf("at least --memory-mb %d", mib(streamedCompute+window+c.cache+perSeq)))
 				return
 			}
 			require.NoError(t, err)
 			assert.Equal(t, c.want, p.Sequences)
-			assert.Equal(t, int64(compute), p.Compute)
+			assert.Equal(t, c.streamed, p.Streamed)
 			assert.Equal(t, int64(c.want)*perSeq, p.KV)
-			assert.LessOrEqual(t, p.Weights+p.Compute+p.Cache+p.KV, c.budget)
+			if !c.streamed {
+				assert.Equal(t, int64(compute), p.Compute)
+				assert.Equal(t, planUbatch, p.Ubatch)
+				assert.LessOrEqual(t, p.Weights+p.Compute+p.Cache+p.KV, c.budget)
+				return
+			}
+			assert.Equal(t, int64(streamedCompute), p.Compute)
+			assert.Equal(t, streamUbatch, p.Ubatch)
+			assert.Equal(t, window, p.Window)
+			assert.GreaterOrEqual(t, p.Pinned, int64(0))
+			assert.LessOrEqual(t, p.Pinned, p.Weights)
+			assert.Equal(t, c.budget, p.Compute+p.Cache+p.KV+p.Window+p.Pinned, "what is not spent otherwise is pinned")
 		})
 	}
 }
@@ -130,14 +148,15 @@ dragon_resident_memory_peak_bytes 4.2224128e+08
 }
 
 // TestMemoryBudgetTooSmall: a budget that cannot hold one passage sequence
-// stops the device daemon at start-up, saying what would fit.
+// even with the weights streamed stops the device daemon at start-up,
+// saying what would fit.
 func TestMemoryBudgetTooSmall(t *testing.T) {
 	cmd := newDeviceCmd()
 	cmd.SetArgs([]string{"--model", testmodel.Path(t), "--index", "", "--cloud", "", "--profile", "", "--kv-cache-mb", "0",
-		"--listen", "127.0.0.1:0", "--http", "", "--memory-mb", "200"})
+		"--listen", "127.0.0.1:0", "--http", "", "--memory-mb", "60"})
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true
 	err := cmd.Execute()
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "--memory-mb 200 cannot hold one passage sequence")
-	assert.Contains(t, err.Error(), "at least --memory-mb 229")
+	assert.Contains(t, err.Error(), "--memory-mb 60 cannot hold one passage sequence even with the weights (93 MiB) streamed")
+	assert.Contains(t, err.Error(), "at least --memory-mb 89")
 }

@@ -25,7 +25,9 @@ import (
 
 	"github.com/dragon-rag/dragon/decoder"
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/gguf"
 	"github.com/dragon-rag/dragon/engine/llamacpp"
+	"github.com/dragon-rag/dragon/engine/residency"
 	"github.com/dragon-rag/dragon/internal/procstatus"
 	"github.com/dragon-rag/dragon/profiler"
 	dragonv1 "github.com/dragon-rag/dragon/proto/dragon/v1"
@@ -75,8 +77,9 @@ type sideFlags struct {
 	grpc          wire.Config
 	kvCache       kvCacheFlags
 	// memoryMB > 0 sizes the context to a budget (planMemory); only the
-	// device daemon registers it.
+	// device daemon registers it. plan is what fitMemory made of it.
 	memoryMB int
+	plan     memoryPlan
 }
 
 // daemonDefaults are a daemon's flag defaults: make run's for its side,
@@ -220,13 +223,19 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (make qwen fetches the default ones, make model the tests' SmolLM2)", err)
 	}
+	s := &side{model: m, close: func() { m.Close() }}
 	if f.memoryMB > 0 {
 		if err := f.fitMemory(m.Footprint(), log); err != nil {
 			m.Close()
 			return nil, err
 		}
+		if f.plan.Streamed {
+			if err := f.streamWeights(log); err != nil {
+				m.Close()
+				return nil, err
+			}
+		}
 	}
-	s := &side{model: m, close: func() { m.Close() }}
 	var reranker *rerank.Reranker
 	if f.index != "" {
 		ix, closeIx, err := openSearcher(f.index, m, f.threads, f.writableIndex)
@@ -259,6 +268,9 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		}
 	}
 	s.decoder = decoder.Options{MaxPassages: f.maxPassages + f.closedBookSeqs(), CtxPerSeq: f.ctxPerSeq, Threads: f.threads, Hedges: f.hedges}
+	if f.plan.Streamed {
+		s.decoder.BatchSize = f.plan.Ubatch
+	}
 	s.hedgeBelow = f.hedgeBelow
 	if f.rescoreEvery > 0 {
 		s.decoder.RescoreEvery, s.decoder.Rescore = f.rescoreEvery, rescoreWith(reranker)
@@ -295,10 +307,16 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 	// Each hedge branch takes a sequence per passage.
 	per, extra := 1+f.hedges, f.closedBookSeqs()
-	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20)
+	tensors, err := gguf.Tensors(f.model)
 	if err != nil {
 		return err
 	}
+	_, layer := residency.Plan(tensors, 0)
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20, layer)
+	if err != nil {
+		return err
+	}
+	f.plan = p
 	if p.Sequences < (f.maxPassages+extra)*per {
 		if p.Sequences < (1+extra)*per {
 			return fmt.Errorf("--memory-mb %d holds %d sequences: too few for one passage, %d closed-book and %d hedge branches (lower --hedges)", f.memoryMB, p.Sequences, extra, f.hedges)
@@ -308,7 +326,34 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 		f.passages = min(f.passages, f.maxPassages)
 	}
 	log.Info("memory budget", "memory_mb", f.memoryMB, "weights_mb", mib(p.Weights), "compute_mb", mib(p.Compute),
-		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "sequences", p.Sequences, "ctx", f.ctxPerSeq)
+		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "sequences", p.Sequences, "ctx", f.ctxPerSeq, "streamed", p.Streamed)
+	return nil
+}
+
+// streamWeights carries out a streamed plan (Lever): the model's mapping
+// is read ahead and dropped behind as a pass goes (sequential advice,
+// which halved the bytes read per token against the kernel's default in
+// bench lever), and the part the budget holds is locked in memory so that
+// only the rest is read again by every pass. A process that may not lock
+// memory streams it all, and says so. The locks go with the mapping, when
+// the model is closed or unloaded while idle (--idle-unload, which a
+// streamed device should leave off: the model loaded back is not pinned).
+func (f *sideFlags) streamWeights(log *slog.Logger) error {
+	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
+		return err
+	}
+	tensors, err := gguf.Tensors(f.model)
+	if err != nil {
+		return err
+	}
+	pin, _ := residency.Plan(tensors, f.plan.Pinned)
+	p, err := residency.Pin(f.model, pin)
+	if err != nil {
+		log.Warn("--memory-mb: the weights are streamed, none of them locked in memory", "err", err)
+		return nil
+	}
+	log.Info("--memory-mb: the weights are streamed from the file", "weights_mb", mib(f.plan.Weights), "pinned_mb", mib(p.Bytes),
+		"pinned_tensors", len(pin), "pass_tokens", f.plan.Ubatch)
 	return nil
 }
 

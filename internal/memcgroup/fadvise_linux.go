@@ -1,4 +1,4 @@
-package leverbench
+package memcgroup
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 // fadviseDontNeed drops f's clean pages from the page cache.
 func fadviseDontNeed(f *os.File) error {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-		return fmt.Errorf("lever: drop %s from the page cache: %w", f.Name(), err)
+		return fmt.Errorf("memcgroup: drop %s from the page cache: %w", f.Name(), err)
 	}
 	return nil
 }
