@@ -247,12 +247,17 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
 		return fmt.Errorf("lever: waiting for the parent: %w", err)
 	}
-	m, err := llamacpp.Load(o.Model, llamacpp.Options{Threads: 1})
+	// In place in every mode alike, so that greedy outputs compare: the
+	// repacked kernels add in another order.
+	m, err := llamacpp.Load(o.Model, llamacpp.Options{Threads: 1, InPlace: true})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec})
+	// Passes of at most 64 tokens, as a device streaming its weights
+	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
+	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
+	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64})
 	if err != nil {
 		return err
 	}

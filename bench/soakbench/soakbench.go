@@ -113,12 +113,16 @@ type Report struct {
 	RSSMB           struct {
 		DeviceMax float64 `json:"device_max"`
 		CloudMax  float64 `json:"cloud_max"`
-		// GrowthAfterWarmup is the largest rise of one daemon process's
-		// RSS after its first WarmupS seconds, over its RSS then (0.1:
-		// 10%); a process that lived no longer is left out.
-		GrowthAfterWarmup float64     `json:"growth_after_warmup"`
-		WarmupS           float64     `json:"warmup_s"`
-		Minutes           []RSSMinute `json:"minutes"`
+		// GrowthAfterWarmup is the largest rise of one answering daemon
+		// process's RSS (the cloud's, a device's that answers) after its
+		// first WarmupS seconds, over its RSS then (0.1: 10%); a process
+		// that lived no longer is left out. The documents device, whose
+		// index grows with what it is given, is in GrowthByProcess only.
+		GrowthAfterWarmup float64 `json:"growth_after_warmup"`
+		// GrowthByProcess is each process's ("device 2#1": its start).
+		GrowthByProcess map[string]float64 `json:"growth_by_process"`
+		WarmupS         float64            `json:"warmup_s"`
+		Minutes         []RSSMinute        `json:"minutes"`
 	} `json:"rss_mb"`
 	Faults map[string]int `json:"faults"`
 	// Wrong lists the answers that broke the promise, for a person.
@@ -138,6 +142,7 @@ type rssSample struct {
 	at      time.Duration
 	process string // its name and start, "device 2#1": a restart is another process
 	cloud   bool
+	library bool // the documents device
 	mb      float64
 }
 
@@ -671,7 +676,7 @@ func (s *soak) sampleRSS(ctx context.Context) {
 		n.mu.Unlock()
 		if v, err := metric(ctx, addr, "dragon_resident_memory_bytes"); err == nil {
 			s.mu.Lock()
-			s.rss = append(s.rss, rssSample{at: at, process: process, mb: v / (1 << 20)})
+			s.rss = append(s.rss, rssSample{at: at, process: process, library: n.library, mb: v / (1 << 20)})
 			s.mu.Unlock()
 		}
 	}
@@ -684,6 +689,7 @@ func (s *soak) summarizeRSS() {
 	r := &s.rep.RSSMB
 	warmup := min(5*time.Minute, s.o.Duration/3)
 	r.WarmupS = warmup.Seconds()
+	r.GrowthByProcess = map[string]float64{}
 	first := map[string]time.Duration{}
 	atWarm := map[string]float64{}
 	for _, x := range s.rss {
@@ -707,9 +713,14 @@ func (s *soak) summarizeRSS() {
 		base, warm := atWarm[x.process]
 		if !warm {
 			atWarm[x.process] = x.mb
+			r.GrowthByProcess[x.process] = 0
 			continue
 		}
-		r.GrowthAfterWarmup = max(r.GrowthAfterWarmup, x.mb/base-1)
+		g := max(r.GrowthByProcess[x.process], x.mb/base-1)
+		r.GrowthByProcess[x.process] = g
+		if !x.library {
+			r.GrowthAfterWarmup = max(r.GrowthAfterWarmup, g)
+		}
 	}
 }
 

@@ -23,15 +23,22 @@ func TestSummarizeRSS(t *testing.T) {
 		{at: sec(125), process: "device 0#2", mb: 450},
 		{at: sec(131), process: "device 0#2", mb: 460},
 		{at: sec(150), process: "device 0#1", mb: 520},
+		{at: sec(0), process: "device 1#1", library: true, mb: 300},
+		{at: sec(60), process: "device 1#1", library: true, mb: 300},
+		{at: sec(170), process: "device 1#1", library: true, mb: 600}, // its index grew
 	}
 	s.summarizeRSS()
 	r := s.rep.RSSMB
 	assert.Equal(t, 60.0, r.WarmupS)
 	assert.Equal(t, 1050.0, r.CloudMax)
-	assert.Equal(t, 520.0, r.DeviceMax)
-	assert.Equal(t, []RSSMinute{{0, 400, 900}, {1, 500, 1000}, {2, 520, 1050}}, r.Minutes)
-	// cloud 1050/1000, device 0#1 520/500, device 0#2 460/450: the cloud's 5%.
+	assert.Equal(t, 600.0, r.DeviceMax)
+	assert.Equal(t, []RSSMinute{{0, 400, 900}, {1, 500, 1000}, {2, 600, 1050}}, r.Minutes)
+	// cloud 1050/1000, device 0#1 520/500, device 0#2 460/450: the cloud's
+	// 5%; the documents device doubled, and is counted apart.
 	assert.InDelta(t, 0.05, r.GrowthAfterWarmup, 1e-9)
+	assert.InDelta(t, 1.0, r.GrowthByProcess["device 1#1"], 1e-9)
+	assert.InDelta(t, 0.04, r.GrowthByProcess["device 0#1"], 1e-9)
+	assert.Len(t, r.GrowthByProcess, 4)
 }
 
 func TestUniqueWordsDiffer(t *testing.T) {

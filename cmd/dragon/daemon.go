@@ -219,7 +219,10 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		return nil, err
 	}
 	atLeastTwoProcs()
-	m, err := llamacpp.Load(f.model, llamacpp.Options{Threads: f.threads})
+	// Under a budget every weight stays in the file's mapping, where the
+	// kernel can drop it and read it back (a plan may stream it): repacked
+	// for faster kernels, Q4_K weights would be anonymous memory instead.
+	m, err := llamacpp.Load(f.model, llamacpp.Options{Threads: f.threads, InPlace: f.memoryMB > 0})
 	if err != nil {
 		return nil, fmt.Errorf("%w (make qwen fetches the default ones, make model the tests' SmolLM2)", err)
 	}

@@ -242,8 +242,9 @@ static bool dragon_quiet_progress(float progress, void *data) {
     return true;
 }
 
-struct llama_model *dragon_model_load(const char *path) {
+struct llama_model *dragon_model_load(const char *path, int repack) {
     struct llama_model_params p = llama_model_default_params();
+    p.use_extra_bufts = repack != 0;
     p.load_mode = LLAMA_LOAD_MODE_MMAP;
     p.n_gpu_layers = 0;
     p.progress_callback = dragon_quiet_progress;  // no dots on stderr

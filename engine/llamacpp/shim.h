@@ -54,7 +54,7 @@ void dragon_log_install(void);
 const char *dragon_llama_build(void);
 
 // dragon_model_load memory-maps a model on the CPU without llama.cpp's
-// progress dots.
-struct llama_model *dragon_model_load(const char *path);
+// progress dots; repack 0 keeps every weight in the mapping.
+struct llama_model *dragon_model_load(const char *path, int repack);
 
 #endif
