@@ -29,6 +29,7 @@ import (
 	"github.com/dragon-rag/dragon/engine/llamacpp"
 	"github.com/dragon-rag/dragon/engine/residency"
 	"github.com/dragon-rag/dragon/internal/memcgroup"
+	"github.com/dragon-rag/dragon/internal/procstatus"
 	"github.com/dragon-rag/dragon/specdec"
 )
 
@@ -338,32 +339,14 @@ func specOf(mode string) (specdec.Options, bool) {
 // (/proc/self/io read_bytes: page cache misses, the mapped model's
 // included), or 0 where the kernel does not say.
 func readFromStorage() int64 {
-	b, err := os.ReadFile("/proc/self/io")
-	if err != nil {
-		return 0
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "read_bytes: "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	n, _ := procstatus.KB("/proc/self/io", "read_bytes") // bytes, not kB: the line has no unit
+	return n
 }
 
 // procStatus reads a kB field of /proc/self/status, in MB.
 func procStatus(field string) (float64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, fmt.Errorf("no %s in /proc/self/status", field)
+	kb, err := procstatus.KB(procstatus.Self, field)
+	return float64(kb) / 1024, err
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }

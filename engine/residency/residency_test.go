@@ -3,8 +3,6 @@ package residency
 import (
 	"bytes"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -12,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dragon-rag/dragon/engine/gguf"
+	"github.com/dragon-rag/dragon/internal/procstatus"
 )
 
 func TestPlan(t *testing.T) {
@@ -43,17 +42,9 @@ func TestPlan(t *testing.T) {
 
 // vmLocked is this process's locked memory (VmLck), in bytes.
 func vmLocked(t *testing.T) int64 {
-	b, err := os.ReadFile("/proc/self/status")
+	kb, err := procstatus.KB(procstatus.Self, "VmLck")
 	require.NoError(t, err)
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "VmLck:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			require.NoError(t, err)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmLck")
-	return 0
+	return kb << 10
 }
 
 // TestPinLocksTheMappedTensors: a GGUF file mapped as the engine maps it;
