@@ -34,6 +34,9 @@ const costWindow = 9
 // Priced by its fastest pass it is tried, and measured, until it settles.
 const settledSamples = 3
 
+// leafRate is how far one tree pass moves LeafMs toward what it measured.
+const leafRate = 0.2
+
 // priorSlope: with fewer than two measurements, each extra row is assumed
 // to cost this fraction of a one-row pass. A placeholder until measured.
 const priorSlope = 0.2
@@ -208,6 +211,14 @@ func (m *CostModel) Observe(p Plan, o Outcome) {
 	m.Acc.Observe(p.MatchLen, o.Accepted, o.Attempted)
 	if o.VerifyMs > 0 && o.Rows > 0 {
 		extra := float64(max(0, o.Seqs-m.Seqs))
+		if extra > 0 {
+			// What the pass cost beyond its rows' price in a plain pass is
+			// its extra sequences': fitted as the decode cost is, so that a
+			// pass whose rows are nearly free (weights read from storage
+			// under a memory budget) prices its branches as measured.
+			perLeaf := max(o.VerifyMs-m.Verify.At(o.Rows), 0) / extra
+			m.Verify.LeafMs = (1-leafRate)*m.Verify.LeafMs + leafRate*perLeaf
+		}
 		m.Verify.Observe(o.Rows, max(o.VerifyMs-m.Verify.LeafMs*extra, 0))
 	}
 	if p.Gamma > 0 && o.DraftMs > 0 {

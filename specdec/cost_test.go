@@ -141,6 +141,24 @@ func TestObserveLearnsAndLogs(t *testing.T) {
 	require.Less(t, math.Abs(last[0]-last[1])/last[1], 0.25, "prediction converged")
 }
 
+// TestLeafCostIsFitted: tree passes whose extra sequences cost 3 ms each
+// beyond their rows' plain price teach the model LeafMs = 3, and the rows'
+// own price stays the plain passes' (a pass whose rows cost nearly nothing
+// more, as under a memory budget, then prices its branches as measured).
+func TestLeafCostIsFitted(t *testing.T) {
+	m := testModel(0.5, 10, 1)
+	cost := func(rows int) float64 { return 100 + 0.5*float64(rows) } // reads dominate: rows are nearly free
+	for range 60 {
+		for _, rows := range []int{1, 5, 9} {
+			m.Observe(Plan{}, Outcome{Rows: rows, Seqs: 1, VerifyMs: cost(rows)})
+			m.Observe(Plan{}, Outcome{Rows: rows, Seqs: 4, VerifyMs: cost(rows) + 3*3})
+		}
+	}
+	require.InDelta(t, 3, m.Verify.LeafMs, 0.05)
+	require.InDelta(t, cost(5), m.Verify.At(5), 0.2, "the rows' price is the plain passes'")
+	require.InDelta(t, cost(9)+3*3, m.TreeCost(8, 4), 0.5)
+}
+
 func TestPredictionLog(t *testing.T) {
 	var l PredictionLog
 	require.True(t, math.IsNaN(l.MAPE()))
