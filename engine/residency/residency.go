@@ -26,7 +26,10 @@ import (
 const tokenEmbeddings = "token_embd.weight"
 
 // Plan picks the tensors to pin within budget bytes: those every pass
-// reads in full, in file order (the first layers first), each whole. It
+// reads in full, in file order, each whole. Every such byte saves the same
+// read a pass, so the order only decides which; Qwen2.5's files put the
+// output projection first, then the layers by name (blk.0, blk.1, blk.10,
+// ...). It
 // also returns the largest layer's bytes (blk.N), the room the kernel
 // needs to page an unpinned layer in.
 func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer int64) {
