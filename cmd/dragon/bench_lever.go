@@ -31,8 +31,8 @@ passes per token, MB read from storage per token (/proc/self/io), accepted
 tokens per pass, the peak memory charged and the median time to first
 token, and whether every mode's greedy output equals the unbudgeted one.
 With --pin (the default) a budgeted mode locks the weights the budget
-holds beside what it already uses and room to page a layer in, first
-layers first, the token embeddings (read a row a token) never; the rest
+holds beside what it already uses and room to page a layer in, in the
+file's order, the token embeddings (read a row a token) never; the rest
 is read once a pass.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
