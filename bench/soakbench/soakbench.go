@@ -121,8 +121,13 @@ type Report struct {
 		GrowthAfterWarmup float64 `json:"growth_after_warmup"`
 		// GrowthByProcess is each process's ("device 2#1": its start).
 		GrowthByProcess map[string]float64 `json:"growth_by_process"`
-		WarmupS         float64            `json:"warmup_s"`
-		Minutes         []RSSMinute        `json:"minutes"`
+		// The same, of RSS less the KV cache's memory tier
+		// (dragon_kvcache_bytes{tier="memory"}), which fills up to its
+		// --kv-cache-mb as questions come.
+		OutsideCacheGrowth          float64            `json:"outside_cache_growth_after_warmup"`
+		OutsideCacheGrowthByProcess map[string]float64 `json:"outside_cache_growth_by_process"`
+		WarmupS                     float64            `json:"warmup_s"`
+		Minutes                     []RSSMinute        `json:"minutes"`
 	} `json:"rss_mb"`
 	Faults map[string]int `json:"faults"`
 	// Wrong lists the answers that broke the promise, for a person.
@@ -144,6 +149,7 @@ type rssSample struct {
 	cloud   bool
 	library bool // the documents device
 	mb      float64
+	cacheMB float64 // its KV cache's memory tier
 }
 
 // node is one device daemon and the link in front of the cloud.
@@ -665,21 +671,39 @@ func (s *soak) sampleRSS(ctx context.Context) {
 	s.mu.Lock()
 	cloud, process := s.cloud.HTTPAddr(), fmt.Sprintf("cloud#%d", s.cloudEpoch)
 	s.mu.Unlock()
-	if v, err := metric(ctx, cloud, "dragon_resident_memory_bytes"); err == nil {
+	if rss, cache, err := memory(ctx, cloud); err == nil {
 		s.mu.Lock()
-		s.rss = append(s.rss, rssSample{at: at, process: process, cloud: true, mb: v / (1 << 20)})
+		s.rss = append(s.rss, rssSample{at: at, process: process, cloud: true, mb: rss, cacheMB: cache})
 		s.mu.Unlock()
 	}
 	for _, n := range s.nodes {
 		n.mu.Lock()
 		addr, process := n.d.HTTPAddr(), fmt.Sprintf("device %d#%d", n.i, n.epoch)
 		n.mu.Unlock()
-		if v, err := metric(ctx, addr, "dragon_resident_memory_bytes"); err == nil {
+		if rss, cache, err := memory(ctx, addr); err == nil {
 			s.mu.Lock()
-			s.rss = append(s.rss, rssSample{at: at, process: process, library: n.library, mb: v / (1 << 20)})
+			s.rss = append(s.rss, rssSample{at: at, process: process, library: n.library, mb: rss, cacheMB: cache})
 			s.mu.Unlock()
 		}
 	}
+}
+
+// memory is a daemon's RSS and its KV cache's memory tier, in MiB, from
+// one scrape (a daemon without a cache has none).
+func memory(ctx context.Context, addr string) (rss, cache float64, err error) {
+	body, err := scrape(ctx, addr)
+	if err != nil {
+		return 0, 0, err
+	}
+	m, err := loadbench.ParseMetrics(body, []string{"dragon_resident_memory_bytes", "dragon_kvcache_bytes"})
+	if err != nil {
+		return 0, 0, err
+	}
+	v, ok := m["dragon_resident_memory_bytes"]
+	if !ok {
+		return 0, 0, errors.New("no dragon_resident_memory_bytes")
+	}
+	return v / (1 << 20), m[`dragon_kvcache_bytes{tier="memory"}`] / (1 << 20), nil
 }
 
 // summarizeRSS reports the largest RSS seen, per minute and over the run,
@@ -689,9 +713,9 @@ func (s *soak) summarizeRSS() {
 	r := &s.rep.RSSMB
 	warmup := min(5*time.Minute, s.o.Duration/3)
 	r.WarmupS = warmup.Seconds()
-	r.GrowthByProcess = map[string]float64{}
+	r.GrowthByProcess, r.OutsideCacheGrowthByProcess = map[string]float64{}, map[string]float64{}
 	first := map[string]time.Duration{}
-	atWarm := map[string]float64{}
+	atWarm := map[string]rssSample{}
 	for _, x := range s.rss {
 		minute := int(x.at / time.Minute)
 		for len(r.Minutes) <= minute {
@@ -712,14 +736,15 @@ func (s *soak) summarizeRSS() {
 		}
 		base, warm := atWarm[x.process]
 		if !warm {
-			atWarm[x.process] = x.mb
-			r.GrowthByProcess[x.process] = 0
+			atWarm[x.process] = x
+			r.GrowthByProcess[x.process], r.OutsideCacheGrowthByProcess[x.process] = 0, 0
 			continue
 		}
-		g := max(r.GrowthByProcess[x.process], x.mb/base-1)
-		r.GrowthByProcess[x.process] = g
+		g := max(r.GrowthByProcess[x.process], x.mb/base.mb-1)
+		o := max(r.OutsideCacheGrowthByProcess[x.process], (x.mb-x.cacheMB)/(base.mb-base.cacheMB)-1)
+		r.GrowthByProcess[x.process], r.OutsideCacheGrowthByProcess[x.process] = g, o
 		if !x.library {
-			r.GrowthAfterWarmup = max(r.GrowthAfterWarmup, g)
+			r.GrowthAfterWarmup, r.OutsideCacheGrowth = max(r.GrowthAfterWarmup, g), max(r.OutsideCacheGrowth, o)
 		}
 	}
 }

@@ -18,8 +18,8 @@ func TestSummarizeRSS(t *testing.T) {
 		{at: sec(0), process: "device 0#1", mb: 400},
 		{at: sec(61), process: "cloud#0", cloud: true, mb: 1000},
 		{at: sec(61), process: "device 0#1", mb: 500},
-		{at: sec(70), process: "device 0#2", mb: 100}, // restarted: small, then grows in its warm-up
-		{at: sec(120), process: "cloud#0", cloud: true, mb: 1050},
+		{at: sec(70), process: "device 0#2", mb: 100},                          // restarted: small, then grows in its warm-up
+		{at: sec(120), process: "cloud#0", cloud: true, mb: 1050, cacheMB: 50}, // its cache filled
 		{at: sec(125), process: "device 0#2", mb: 450},
 		{at: sec(131), process: "device 0#2", mb: 460},
 		{at: sec(150), process: "device 0#1", mb: 520},
@@ -39,6 +39,9 @@ func TestSummarizeRSS(t *testing.T) {
 	assert.InDelta(t, 1.0, r.GrowthByProcess["device 1#1"], 1e-9)
 	assert.InDelta(t, 0.04, r.GrowthByProcess["device 0#1"], 1e-9)
 	assert.Len(t, r.GrowthByProcess, 4)
+	// Outside its cache, the cloud stayed at 1000: the devices' 4% leads.
+	assert.InDelta(t, 0.04, r.OutsideCacheGrowth, 1e-9)
+	assert.InDelta(t, 0, r.OutsideCacheGrowthByProcess["cloud#0"], 1e-9)
 }
 
 func TestUniqueWordsDiffer(t *testing.T) {
