@@ -33,7 +33,7 @@ func TestHistoryNeverCrossesTheLink(t *testing.T) {
 	// Alone: the answer never met the cloud, and joins the store.
 	dev := startDaemon(t, "device", devArgs("")...)
 	private, err := ask(t, dialDevice(t, dev), &dragonv1.GenerateRequest{Prompt: "What did Ann write about the cabin gate?",
-		Mode: dragonv1.Mode_MODE_DEVICE_ONLY, Sampling: &dragonv1.SamplingParams{MaxTokens: 24}})
+		Mode: dragonv1.Mode_MODE_DEVICE_ONLY, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}})
 	require.NoError(t, err, "%s", dev.Logs())
 	require.NoError(t, dev.Stop(30*time.Second), "a stop saves the store")
 	st, err := os.Stat(histFile)
@@ -52,7 +52,7 @@ func TestHistoryNeverCrossesTheLink(t *testing.T) {
 	client := dialDevice(t, dev)
 	// The same question, with the cloud: the device drafts its part from
 	// the stored answer.
-	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "What did Ann write about the cabin gate?", Sampling: &dragonv1.SamplingParams{MaxTokens: 12}})
+	a, err := ask(t, client, &dragonv1.GenerateRequest{Prompt: "What did Ann write about the cabin gate?", Sampling: &dragonv1.SamplingParams{MaxTokens: 8}})
 	require.NoError(t, err, "%s", dev.Logs())
 	require.False(t, a.Summary.GetFallback(), "answered with the cloud: %s", a.Summary.GetFallbackReason())
 	up, rawUp := link.messages(t, true)

@@ -37,7 +37,7 @@ func TestRealKVCacheAnswersEqualUncached(t *testing.T) {
 	cached, dev, cld := pairWith(t, 0, cloudArgs, deviceArgs, nil)
 
 	modes := []dragonv1.Mode{dragonv1.Mode_MODE_DEVICE_ONLY, dragonv1.Mode_MODE_CLOUD_ONLY, dragonv1.Mode_MODE_SPECULATIVE_AGGREGATION}
-	questions := promptset.Questions[:3]
+	questions := promptset.Questions[:2]
 	request := func(q string, mode dragonv1.Mode, history []*dragonv1.ChatTurn) *dragonv1.GenerateRequest {
 		return &dragonv1.GenerateRequest{Prompt: q, Mode: mode, History: history, Sampling: &dragonv1.SamplingParams{MaxTokens: 16}}
 	}
