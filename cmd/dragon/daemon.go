@@ -77,9 +77,11 @@ type sideFlags struct {
 	grpc          wire.Config
 	kvCache       kvCacheFlags
 	// memoryMB > 0 sizes the context to a budget (planMemory); only the
-	// device daemon registers it. plan is what fitMemory made of it.
+	// device daemon registers it. plan is what fitMemory made of it, and
+	// pin the tensors a streamed plan locks.
 	memoryMB int
 	plan     memoryPlan
+	pin      []gguf.Tensor
 }
 
 // daemonDefaults are a daemon's flag defaults: make run's for its side,
@@ -320,6 +322,9 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 		return err
 	}
 	f.plan = p
+	if p.Streamed {
+		f.pin, _ = residency.Plan(tensors, p.Pinned)
+	}
 	if p.Sequences < (f.maxPassages+extra)*per {
 		if p.Sequences < (1+extra)*per {
 			return fmt.Errorf("--memory-mb %d holds %d sequences: too few for one passage, %d closed-book and %d hedge branches (lower --hedges)", f.memoryMB, p.Sequences, extra, f.hedges)
@@ -346,18 +351,13 @@ func (f *sideFlags) streamWeights(log *slog.Logger) error {
 	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
 		return err
 	}
-	tensors, err := gguf.Tensors(f.model)
-	if err != nil {
-		return err
-	}
-	pin, _ := residency.Plan(tensors, f.plan.Pinned)
-	p, err := residency.Pin(f.model, pin)
+	p, err := residency.Pin(f.model, f.pin)
 	if err != nil {
 		log.Warn("--memory-mb: the weights are streamed, none of them locked in memory", "err", err)
 		return nil
 	}
 	log.Info("--memory-mb: the weights are streamed from the file", "weights_mb", mib(f.plan.Weights), "pinned_mb", mib(p.Bytes),
-		"pinned_tensors", len(pin), "pass_tokens", f.plan.Ubatch)
+		"pinned_tensors", len(f.pin), "pass_tokens", f.plan.Ubatch)
 	return nil
 }
 
