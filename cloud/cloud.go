@@ -247,6 +247,13 @@ func (s *Server) Session(stream dragonv1.PeerService_SessionServer) (err error) 
 		log.Warn("cloud session failed", "err", err)
 		return statusOf(err)
 	}
+	if err != nil && stream.Context().Err() == nil {
+		// The session's own timeout ended it while the device still
+		// listens: the stream's status says so too, since the error
+		// message the session queued may not have gone out before its
+		// sender saw the context end (the device would read a bare EOF).
+		return status.Error(codes.DeadlineExceeded, context.Cause(ctx).Error())
+	}
 	return nil
 }
 

@@ -48,6 +48,11 @@ func messages(ctx context.Context, conn Conn) <-chan inbound {
 	return ch
 }
 
+// peerError is the status of an Error message the peer sent.
+func peerError(e *dragonv1.Error) error {
+	return status.Errorf(codes.Code(e.GetCode()), "peer: %s", e.GetMessage())
+}
+
 // expect waits for the next message and checks it is not an error.
 func expect(ctx context.Context, in <-chan inbound) (*dragonv1.PeerMessage, error) {
 	select {
@@ -58,7 +63,7 @@ func expect(ctx context.Context, in <-chan inbound) (*dragonv1.PeerMessage, erro
 			return nil, m.err
 		}
 		if e := m.msg.GetError(); e != nil {
-			return nil, status.Errorf(codes.Code(e.GetCode()), "peer: %s", e.GetMessage())
+			return nil, peerError(e)
 		}
 		return m.msg, nil
 	}

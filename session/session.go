@@ -22,8 +22,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dragon-rag/dragon/aggregator"
@@ -580,8 +578,9 @@ func (r *run) continueAlone(ctx context.Context, cause error) error {
 // peer ended a stream.
 const endedStatusWait = 2 * time.Second
 
-// awaitReceiveError drops messages until the receiver reports its error,
-// which it returns (nil if none comes within endedStatusWait).
+// awaitReceiveError drops messages until the peer's Error message or the
+// receiver's error, which it returns (nil if neither comes within
+// endedStatusWait).
 func awaitReceiveError(ctx context.Context, inbox <-chan inbound) error {
 	timeout := time.NewTimer(endedStatusWait)
 	defer timeout.Stop()
@@ -590,6 +589,11 @@ func awaitReceiveError(ctx context.Context, inbox <-chan inbound) error {
 		case in := <-inbox:
 			if in.err != nil {
 				return in.err
+			}
+			if e := in.msg.GetError(); e != nil {
+				// The peer said why before it ended the stream: that,
+				// not the bare EOF that follows, is the cause.
+				return peerError(e)
 			}
 		case <-timeout.C:
 			return nil
@@ -666,7 +670,7 @@ func (r *run) handle(m *dragonv1.PeerMessage) error {
 		r.over, r.cancel = true, k.Cancel
 		return nil
 	case *dragonv1.PeerMessage_Error:
-		return status.Errorf(codes.Code(k.Error.GetCode()), "peer: %s", k.Error.GetMessage())
+		return peerError(k.Error)
 	default:
 		return fmt.Errorf("%w: unexpected %T during a generation", aggregator.ErrProtocol, k)
 	}

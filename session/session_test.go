@@ -719,3 +719,37 @@ func TestHedgedAnswersAreTokenWiseOnes(t *testing.T) {
 	}
 	assert.Positive(t, hits, "rejections landed on hedges")
 }
+
+// TestAwaitReceiveErrorKeepsThePeersReason: after a send answered EOF,
+// the reason the peer sent before ending the stream wins over the bare
+// EOF the receiver reports after it (a cloud's session timeout had reached
+// the device as "receive: EOF").
+func TestAwaitReceiveErrorKeepsThePeersReason(t *testing.T) {
+	for name, c := range map[string]struct {
+		inbox []inbound
+		code  codes.Code
+		want  string
+	}{
+		"the peer's error, then EOF": {
+			inbox: []inbound{
+				{msg: &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Pong{Pong: &dragonv1.Pong{}}}},
+				{msg: &dragonv1.PeerMessage{Kind: &dragonv1.PeerMessage_Error{Error: &dragonv1.Error{
+					Code: uint32(codes.DeadlineExceeded), Message: "cloud: the answer outlasted the session timeout (1s)"}}}},
+				{err: io.EOF},
+			},
+			code: codes.DeadlineExceeded, want: "peer: cloud: the answer outlasted the session timeout (1s)",
+		},
+		"EOF alone": {inbox: []inbound{{err: io.EOF}}, code: codes.Unknown, want: "EOF"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in := make(chan inbound, len(c.inbox))
+			for _, m := range c.inbox {
+				in <- m
+			}
+			err := awaitReceiveError(context.Background(), in)
+			require.Error(t, err)
+			assert.Equal(t, c.code, status.Code(err))
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}
