@@ -103,6 +103,7 @@ func (d *Decoder) reuse(s int, resident [][]engine.Token) error {
 	if hit, ok := d.opts.Cache.Lookup(prompt, inContext, counts); ok {
 		start := time.Now()
 		err := d.restore(s, hit)
+		hit.Done()
 		if err == nil {
 			d.opts.Cache.ObserveRestore(time.Since(start))
 			d.held[s] = hit.Match

@@ -116,11 +116,27 @@ func Namespace(modelDigest, engineBuild string, settings ...string) string {
 // the prompt's last token to decode, for its logits. State and Logits are
 // shared: read them only.
 type Hit struct {
+	// State is valid until Done.
 	State     []byte
 	Logits    []float32
 	Positions int
 	Match     int
 	Tier      Tier
+
+	c   *Cache
+	blk *block // the memory tier's bytes State shares, nil from disk
+}
+
+// Done ends the caller's use of State: a state in memory that was evicted
+// meanwhile is freed now. A Hit not ended keeps its state's memory.
+func (h *Hit) Done() {
+	if h.blk == nil {
+		return
+	}
+	h.c.mu.Lock()
+	h.blk.doneLocked()
+	h.c.mu.Unlock()
+	h.blk, h.State = nil, nil
 }
 
 // Logits are the next-token logits after the first At tokens of an entry
@@ -162,7 +178,7 @@ func logitsBytes(ends []Logits) int64 {
 type entry struct {
 	tokens []engine.Token
 	hashes []uint64 // chain hash of each full block
-	mem    []byte   // nil when only on disk
+	mem    *block   // nil when only on disk
 	ends   []Logits // with mem
 	disk   int64    // bytes on disk, 0 when not there
 	file   string
@@ -178,7 +194,15 @@ func (e *entry) size() int64 {
 	if e.mem == nil {
 		return 0
 	}
-	return int64(len(e.mem)) + logitsBytes(e.ends)
+	return int64(len(e.mem.b)) + logitsBytes(e.ends)
+}
+
+// dropMemLocked lets go of e's state in memory.
+func (e *entry) dropMemLocked() {
+	if e.mem != nil {
+		e.mem.freeLocked()
+	}
+	e.mem, e.ends = nil, nil
 }
 
 // Cache is a token-prefix cache of KV states, safe for concurrent use.
@@ -327,7 +351,8 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 		}
 		c.touchLocked(e)
 		count(Memory, m)
-		h := Hit{State: e.mem, Logits: logits, Positions: len(e.tokens), Match: m, Tier: Memory}
+		e.mem.refs++
+		h := Hit{State: e.mem.b, Logits: logits, Positions: len(e.tokens), Match: m, Tier: Memory, c: c, blk: e.mem}
 		c.mu.Unlock()
 		return h, true
 	}
@@ -361,9 +386,11 @@ func (c *Cache) Lookup(toks []engine.Token, better, counts int) (Hit, bool) {
 	c.touchLocked(e)
 	count(Disk, m)
 	if live && e.mem == nil && c.cfg.MemoryBytes >= int64(len(state))+logitsBytes(ends) {
-		e.mem, e.ends = state, ends
-		c.memUsed += e.size()
-		c.evictMemLocked(e)
+		if blk, err := newBlock(state); err == nil {
+			e.mem, e.ends = blk, ends
+			c.memUsed += e.size()
+			c.evictMemLocked(e)
+		}
 	}
 	c.publishLocked()
 	return Hit{State: state, Logits: logits, Positions: len(e.tokens), Match: m, Tier: Disk}, true
@@ -549,7 +576,7 @@ func (c *Cache) putLocked(toks []engine.Token, state []byte, ends []Logits) (hel
 					return len(ends) == 0, nil
 				}
 				merged := mergeLogits(e.ends, ends, len(toks))
-				if int64(len(e.mem))+logitsBytes(merged) > c.cfg.MemoryBytes {
+				if int64(len(e.mem.b))+logitsBytes(merged) > c.cfg.MemoryBytes {
 					return false, nil
 				}
 				c.memUsed -= e.size()
@@ -575,6 +602,16 @@ func (c *Cache) putLocked(toks []engine.Token, state []byte, ends []Logits) (hel
 	if size > c.cfg.MemoryBytes && !toDisk {
 		return false, nil
 	}
+	var blk *block
+	if size <= c.cfg.MemoryBytes {
+		var err error
+		if blk, err = newBlock(state); err != nil {
+			c.log.Warn("kv cache: no memory for a state", "err", err)
+			if !toDisk {
+				return false, nil
+			}
+		}
+	}
 	e := &entry{tokens: toks, hashes: hashes}
 	for _, p := range prefixes {
 		// Inherit the use counts of what the new entry replaces.
@@ -583,8 +620,8 @@ func (c *Cache) putLocked(toks []engine.Token, state []byte, ends []Logits) (hel
 	}
 	c.insertLocked(e)
 	c.touchLocked(e)
-	if size <= c.cfg.MemoryBytes {
-		e.mem, e.ends = state, ends
+	if blk != nil {
+		e.mem, e.ends = blk, ends
 		c.memUsed += e.size()
 		c.evictMemLocked(e)
 	}
@@ -704,7 +741,7 @@ func (c *Cache) removeLocked(e *entry) {
 		}
 	}
 	c.memUsed -= e.size()
-	e.mem, e.ends = nil, nil
+	e.dropMemLocked()
 	c.dropDiskLocked(e)
 }
 
@@ -732,7 +769,7 @@ func (c *Cache) evictMemLocked(keep *entry) {
 		c.stats.Evictions[Memory]++
 		c.observe(func(o Observer) { o.Evict(Memory) })
 		c.memUsed -= v.size()
-		v.mem, v.ends = nil, nil
+		v.dropMemLocked()
 		if v.disk == 0 && v.written == nil {
 			c.removeLocked(v)
 		}

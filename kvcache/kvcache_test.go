@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -450,7 +451,7 @@ func TestPutIgnoresShortOrEmpty(t *testing.T) {
 // TestPutKeepsTheStateAndCopiesTheTokens: Lookup returns the very slice
 // put (no copy), and a caller reusing its token slice does not change the
 // entry.
-func TestPutKeepsTheStateAndCopiesTheTokens(t *testing.T) {
+func TestPutCopiesTheStateAndTheTokens(t *testing.T) {
 	c := memCache(t, 1<<20)
 	toks := seq(1, 32)
 	state := stateFor(32)
@@ -458,10 +459,12 @@ func TestPutKeepsTheStateAndCopiesTheTokens(t *testing.T) {
 	for i := range toks {
 		toks[i] = -1
 	}
+	clear(state)
 	hit, ok := look(c, seq(1, 32))
 	require.True(t, ok)
-	require.Len(t, hit.State, len(state))
-	assert.Same(t, &state[0], &hit.State[0], "the state is shared, not copied")
+	assert.Equal(t, stateFor(32), hit.State, "the cache holds a copy of the state, out of the Go heap")
+	hit.Done()
+	assert.Nil(t, hit.State, "Done ends the hit's use of the state")
 	_, ok = look(c, toks)
 	assert.False(t, ok, "the entry kept its own copy of the tokens")
 	assert.True(t, c.Has(seq(1, 32)))
@@ -1152,4 +1155,53 @@ func TestPutReportsWhatIsHeld(t *testing.T) {
 	assert.Equal(t, kvcache.Disk, hit.Tier)
 	assert.Equal(t, 39, hit.Match)
 	assert.Nil(t, hit.Logits)
+}
+
+// TestEvictedStateLastsUntilDone: a state evicted while a lookup still
+// restores from it stays readable until the lookup is done, and its memory
+// goes back then; one evicted with no lookup on it goes back at once.
+func TestEvictedStateLastsUntilDone(t *testing.T) {
+	c := memCache(t, 2*int64(len(stateFor(32))))
+	c.Put(seq(1, 32), stateFor(32))
+	held, ok := look(c, seq(1, 32))
+	require.True(t, ok)
+	heldBlock := kvcache.HitBlock(held)
+	c.Put(seq(2, 32), stateFor(32))
+	other, ok := look(c, seq(2, 32))
+	require.True(t, ok)
+	otherBlock := kvcache.HitBlock(other)
+	other.Done()
+	for f := 3; f < 6; f++ { // evict both
+		c.Put(seq(f, 32), stateFor(32))
+	}
+	_, ok = look(c, seq(1, 32))
+	require.False(t, ok, "evicted")
+	assert.True(t, kvcache.Unmapped(otherBlock), "no lookup held it: gone at eviction")
+	assert.False(t, kvcache.Unmapped(heldBlock), "a lookup still holds it")
+	assert.Equal(t, stateFor(32), held.State, "still readable")
+	held.Done()
+	assert.True(t, kvcache.Unmapped(heldBlock), "gone once the lookup is done")
+}
+
+// TestStatesLiveOutsideTheGoHeap: a full memory tier adds its states'
+// bytes to the process, not to the Go heap, whose collector would
+// otherwise let the heap grow to twice them.
+func TestStatesLiveOutsideTheGoHeap(t *testing.T) {
+	const state, n = 4 << 20, 8
+	c := memCache(t, n*state)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for f := range n {
+		c.Put(seq(f+1, 32), fill(state, byte(f)))
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	require.Equal(t, int64(n*state), c.Stats().MemoryBytes)
+	assert.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(state), "the %d MiB of states are not on the heap", n*state>>20)
+	hit, ok := look(c, seq(n, 32))
+	require.True(t, ok)
+	assert.Equal(t, fill(state, n-1), hit.State)
+	hit.Done()
 }
