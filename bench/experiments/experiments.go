@@ -41,6 +41,11 @@ type Options struct {
 	Family     bool
 	FamilyOpts QualityOptions
 	SpecOpts   SpecOptions
+	// SpecFamily runs E5 once per model of SpecFamilyOpts (DRAGON's model
+	// family: the Qwen pair), on the held-out prompts and their follow-ups,
+	// with the configurations the cost model drafts under.
+	SpecFamily     bool
+	SpecFamilyOpts []SpecOptions
 	// Agg runs the daemons (binary, model, indexes, questions, tokens,
 	// passages); its Modes and LatencyMS are set here.
 	Agg       aggbench.Options
@@ -97,6 +102,8 @@ type Results struct {
 	// Family is E4 on DRAGON's model family, as its Figure 5 (nil: never
 	// run).
 	Family *QualityResults `json:"family,omitempty"`
+	// SpecFamily is E5 on that family, one per model (nil: never run).
+	SpecFamily []*SpecResults `json:"spec_family,omitempty"`
 }
 
 // Meta says how a part was measured.
@@ -235,6 +242,19 @@ func Run(ctx context.Context, o Options) (Results, error) {
 		}
 		res.Spec.Meta = meta(start)
 	}
+	if o.SpecFamily {
+		res.SpecFamily = nil
+		for _, s := range o.SpecFamilyOpts {
+			start := time.Now()
+			s.Log = o.Log
+			r, err := Spec(ctx, s)
+			if err != nil {
+				return res, err
+			}
+			r.Meta = meta(start)
+			res.SpecFamily = append(res.SpecFamily, r)
+		}
+	}
 	return res, Write(o.Dir, res)
 }
 
@@ -335,7 +355,12 @@ func Write(dir string, r Results) error {
 		}
 	}
 	if r.Spec != nil {
-		if err := writeSpec(out, r.Spec); err != nil {
+		if err := writeSpec(out, "e5", r.Spec); err != nil {
+			return err
+		}
+	}
+	for _, s := range r.SpecFamily {
+		if err := writeSpec(out, specFamilyName(s), s); err != nil {
 			return err
 		}
 	}

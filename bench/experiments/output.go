@@ -263,6 +263,9 @@ func report(r Results) string {
 	} else {
 		pr("## E5: local speculative decoding ablation (sd.npu Table 4)\n\nNot measured yet; the earlier ablation is in BENCHMARKS.md (`dragon bench spec`).\n")
 	}
+	if len(r.SpecFamily) > 0 {
+		specFamilyReport(pr, r.SpecFamily)
+	}
 	return b.String()
 }
 

@@ -1,6 +1,7 @@
 package experiments
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,19 +30,36 @@ type SpecOptions struct {
 	Prompts   int
 	MaxTokens int
 	Repeats   int
-	Log       func(format string, args ...any)
+	// FollowUps asks each held-out prompt's follow-up right after it
+	// (promptset.WithFollowUps): Prompts originals, as many follow-ups.
+	FollowUps bool
+	// CostModelOnly leaves out the rows that verify every draft whole.
+	CostModelOnly bool
+	// HistoryTokens bounds the history row's store of earlier answers.
+	HistoryTokens int
+	Log           func(format string, args ...any)
 }
+
+// DefaultSpecHistoryTokens is E5's history store: the device's
+// --history-tokens default would hold every answer of the prompt set too.
+const DefaultSpecHistoryTokens = 4096
 
 // SpecResults are E5: one row per configuration, plain decoding first.
 // Counts are totals over the prompts (one pass over them); tok/s and
 // speedup are medians over the repeats.
 type SpecResults struct {
 	Meta
-	Set       string              `json:"prompt_set"`
-	Prompts   int                 `json:"prompts"`
-	Passages  int                 `json:"passages"`
-	MaxTokens int                 `json:"max_tokens"`
-	Repeats   int                 `json:"repeats"`
+	Set       string `json:"prompt_set"`
+	Prompts   int    `json:"prompts"`
+	Passages  int    `json:"passages"`
+	MaxTokens int    `json:"max_tokens"`
+	Repeats   int    `json:"repeats"`
+	// Model is the model's file name (empty: the default model, as runs
+	// before it said).
+	Model string `json:"model,omitempty"`
+	// FollowUps: every other prompt is the one before it asked again in
+	// other words (SpecOptions.FollowUps).
+	FollowUps bool                `json:"follow_ups,omitempty"`
 	Rows      []specbench.Counted `json:"rows"`
 	// Defaults is what specdec.DefaultOptions turned on when it ran.
 	Defaults string `json:"defaults"`
@@ -57,23 +75,54 @@ func Spec(ctx context.Context, o SpecOptions) (*SpecResults, error) {
 	if err != nil {
 		return nil, err
 	}
+	set := "held-out (promptset.HeldOut)"
+	if o.FollowUps {
+		if ps, err = promptset.WithFollowUps(ps); err != nil {
+			return nil, err
+		}
+		set = "held-out (promptset.HeldOut), each followed by its question in other words over the same passage (promptset.WithFollowUps),"
+	}
 	def := specdec.DefaultOptions()
+	cfgs := append(specbench.AblationConfigs(def), specbench.TreeAndHistoryConfigs(def, cmp.Or(o.HistoryTokens, DefaultSpecHistoryTokens))...)
+	if o.CostModelOnly {
+		cfgs = specbench.CostModelOnly(cfgs)
+	}
 	rows, err := specbench.Ablate(ctx, o.Model, specbench.AblateOptions{
-		Threads: o.Threads, MaxTokens: o.MaxTokens, Prompts: ps, Configs: specbench.AblationConfigs(def),
+		Threads: o.Threads, MaxTokens: o.MaxTokens, Prompts: ps, Configs: cfgs,
 		Repeats: o.Repeats, MaxPassages: 1, Log: o.Log,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &SpecResults{
-		Set: "held-out (promptset.HeldOut)", Prompts: len(ps), Passages: 1, MaxTokens: o.MaxTokens, Repeats: max(o.Repeats, 1),
+		Set: set, Prompts: len(ps), Passages: 1, MaxTokens: o.MaxTokens, Repeats: max(o.Repeats, 1),
+		Model: filepath.Base(o.Model.Info().Path), FollowUps: o.FollowUps,
 		Rows: rows, Defaults: fmt.Sprintf("calibration %v, reuse %v", def.Calibration, def.Reuse),
 	}, nil
 }
 
+// specFamilyName is the CSV and plot name of one model's E5 on the family.
+func specFamilyName(r *SpecResults) string {
+	return "e5-" + strings.TrimSuffix(r.Model, filepath.Ext(r.Model))
+}
+
+// followUpRate is tokens per pass over a row's follow-up prompts (every
+// other prompt, from the second), or 0 without them.
+func followUpRate(c specbench.Counted) float64 {
+	var tokens, passes int
+	for i := 1; i < len(c.PerPrompt); i += 2 {
+		tokens += c.PerPrompt[i].Tokens
+		passes += c.PerPrompt[i].Passes
+	}
+	if passes == 0 {
+		return 0
+	}
+	return float64(tokens) / float64(passes)
+}
+
 var e5Header = []string{"config", "drafts", "drafted_tokens", "accepted_tokens", "mean_accepted_per_draft", "tokens_per_pass", "tok_s", "speedup"}
 
-func writeSpec(out string, r *SpecResults) error {
+func writeSpec(out, name string, r *SpecResults) error {
 	var rows [][]string
 	for _, c := range r.Rows {
 		rows = append(rows, []string{
@@ -81,11 +130,11 @@ func writeSpec(out string, r *SpecResults) error {
 			f3(c.MeanAccepted), f3(c.TokensPerPass), num(c.TokS), f3(c.Speedup),
 		})
 	}
-	if err := writeCSV(filepath.Join(out, "e5.csv"), e5Header, rows); err != nil {
+	if err := writeCSV(filepath.Join(out, name+".csv"), e5Header, rows); err != nil {
 		return err
 	}
-	if err := plotSpec(filepath.Join(out, "e5.png"), r); err != nil {
-		return fmt.Errorf("experiments: plot e5.png: %w", err)
+	if err := plotSpec(filepath.Join(out, name+".png"), r); err != nil {
+		return fmt.Errorf("experiments: plot %s.png: %w", name, err)
 	}
 	return nil
 }
@@ -97,6 +146,9 @@ func f3(x float64) string { return strconv.FormatFloat(x, 'f', 3, 64) }
 func plotSpec(path string, r *SpecResults) error {
 	p := plot.New()
 	p.Title.Text = "E5: local speculation, held-out prompts"
+	if r.Model != "" {
+		p.Title.Text = "E5: " + r.Model
+	}
 	p.Y.Label.Text = "tokens per pass / speedup"
 	p.Legend.Top = true
 	var names []string
@@ -179,8 +231,17 @@ func specReport(pr func(string, ...any), r *SpecResults) {
 		pr("calibration, fixed, makes better drafts, but under the cost model it adds little next to its prefill; reuse adds nothing.\n\n")
 	}
 
-	pr("| config | drafts | drafted tokens | accepted tokens | mean accepted per draft | tokens per pass | tok/s | speedup | prefill ms | drafts by origin (accepted/drafted tokens) |\n")
-	pr("|---|---|---|---|---|---|---|---|---|---|\n")
+	specTable(pr, r)
+	pr("\nRows: plain decoding; +lookup, +calibration and +reuse each add one technique and verify every draft whole; ")
+	pr("the cost model's rows choose whether and how far to draft, the trees' also how wide. Identical greedy answers to plain decoding:")
+	identical(pr, r)
+	pr(" (`e5.csv`: the same counts; the plot's bars are numbered by row, 1 = plain.)\n\n")
+}
+
+// specTable is E5's table of rows.
+func specTable(pr func(string, ...any), r *SpecResults) {
+	pr("| config | drafts | drafted tokens | accepted tokens | mean accepted per draft | tokens per pass | tokens per pass, follow-ups | tok/s | speedup | prefill ms | drafts by origin (accepted/drafted tokens) |\n")
+	pr("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, c := range r.Rows {
 		var origins []string
 		for _, o := range []string{"lookup", "calibrated", "reuse"} {
@@ -188,13 +249,52 @@ func specReport(pr func(string, ...any), r *SpecResults) {
 				origins = append(origins, fmt.Sprintf("%s %d (%d/%d)", o, b.Drafts, b.AcceptedTokens, b.DraftedTokens))
 			}
 		}
-		pr("| %s | %d | %d | %d | %.2f | %.3f | %.1f | %.2f | %.0f | %s |\n", c.Config, c.Drafts, c.DraftedTokens, c.AcceptedTokens,
-			c.MeanAccepted, c.TokensPerPass, c.TokS, c.Speedup, c.PrefillMS, strings.Join(origins, ", "))
+		follow := "–"
+		if r.FollowUps {
+			follow = f3(followUpRate(c))
+		}
+		pr("| %s | %d | %d | %d | %.2f | %.3f | %s | %.1f | %.2f | %.0f | %s |\n", c.Config, c.Drafts, c.DraftedTokens, c.AcceptedTokens,
+			c.MeanAccepted, c.TokensPerPass, follow, c.TokS, c.Speedup, c.PrefillMS, strings.Join(origins, ", "))
 	}
-	pr("\nRows: plain decoding; +lookup, +calibration and +reuse each add one technique and verify every draft whole; ")
-	pr("the last three let the cost model choose whether and how far to draft. Identical greedy answers to plain decoding:")
+}
+
+func identical(pr func(string, ...any), r *SpecResults) {
 	for _, c := range r.Rows[1:] {
 		pr(" %s %d/%d;", c.Config, c.Identical, c.Prompts)
 	}
-	pr(" (`e5.csv`: the same counts; the plot's bars are numbered by row, 1 = plain.)\n\n")
+}
+
+// specFamilyReport is E5 on DRAGON's model family: one table per model.
+func specFamilyReport(pr func(string, ...any), rs []*SpecResults) {
+	pr("## E5 on the Qwen pair, with trees and drafts from earlier answers\n\n")
+	pr("The ablation again, on each model of DRAGON's family that the daemons run (the device's and the cloud's), with the configurations the cost model drafts under, ")
+	pr("token trees (Lever's, `specdec.DefaultTreeBudget` nodes at most) and drafts from a store of the earlier answers (SAM's history, as `dragon device --history-tokens` keeps it). ")
+	pr("The prompts are held-out ones, each followed by its question in other words over the same passage, so that the history has an earlier answer to draft from; ")
+	pr("*tokens per pass, follow-ups* counts the follow-ups alone (the issue's target: history ≥ 1.15× lookup's).\n\n")
+	for _, r := range rs {
+		name := specFamilyName(r)
+		pr("### %s\n\n![%s](experiments/%s.png)\n\n", r.Model, name, name)
+		pr("Measured with `%s` on %s, %s (%.0f minutes). %d prompts: %d %s %d passage each, greedy, %d tokens; ",
+			r.Command, r.Date, r.Machine, r.Minutes, r.Prompts, r.Prompts/2, r.Set, r.Passages, r.MaxTokens)
+		pr("plain decoding and each configuration run prompt by prompt in turn; tok/s and speedup are medians over %d repeats.\n\n", r.Repeats)
+		specTable(pr, r)
+		pr("\nIdentical greedy answers to plain decoding:")
+		identical(pr, r)
+		pr(" (`%s.csv`).\n\n", name)
+		var lookup, hist, trees specbench.Counted
+		for _, c := range r.Rows {
+			switch c.Config {
+			case "lookup, cost model":
+				lookup = c
+			case "lookup+history, cost model":
+				hist = c
+			case "lookup trees, cost model":
+				trees = c
+			}
+		}
+		if l := followUpRate(lookup); l > 0 {
+			pr("On the follow-ups, drafts from earlier answers give %.3f tokens per pass against lookup's %.3f (%.2f×); token trees give %.3f over all prompts against %.3f, at a speedup of %.2f against %.2f.\n\n",
+				followUpRate(hist), l, followUpRate(hist)/l, trees.TokensPerPass, lookup.TokensPerPass, trees.Speedup, lookup.Speedup)
+		}
+	}
 }

@@ -122,6 +122,35 @@ var heldOutTemplates = []string{
 	"What does the writer want? Answer from the passage.",
 }
 
+// followUps rephrase each of heldOutTemplates, as an owner asks about the
+// same passage again in other words.
+var followUps = map[string]string{
+	"In two sentences, what is this passage about?":                     "Summarize the passage again, in two sentences.",
+	"Which facts does the passage state? List them.":                    "List the facts of the passage once more.",
+	"Explain the passage to a friend who has not read it.":              "Explain the passage again, as simply as you can.",
+	"Who or what is the passage about, and what happens?":               "Say again who or what the passage is about and what happens in it.",
+	"Copy the sentence of the passage that matters most, then say why.": "Which sentence of the passage matters most? Copy it and say why.",
+	"What does the writer want? Answer from the passage.":               "Again: what does the writer of the passage want?",
+}
+
+// WithFollowUps returns each of HeldOut's prompts followed by a related
+// one: its question in other words, over the same passages (a user who
+// asks about the same mail twice; drafting from earlier answers is
+// measured on these).
+func WithFollowUps(ps []Prompt) ([]Prompt, error) {
+	out := make([]Prompt, 0, 2*len(ps))
+	for _, p := range ps {
+		q, ok := followUps[p.Query]
+		if !ok {
+			return nil, fmt.Errorf("promptset: no follow-up for %q (not a HeldOut prompt)", p.Query)
+		}
+		f := p
+		f.Query = q
+		out = append(out, p, f)
+	}
+	return out, nil
+}
+
 // builtInSizes are the BuiltIn sizes the project's benchmarks and tests
 // use (documents wanted per corpus: prompts + passages): 20 prompts of 1
 // and 4 passages, 4 prompts of 1 and 4.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dragon-rag/dragon/decoder"
 )
 
 func writeCorpus(t *testing.T) string {
@@ -117,6 +119,28 @@ func TestHeldOutAvoidsBuiltIn(t *testing.T) {
 			require.False(t, used[docOf(x.Text)], "document %s is one BuiltIn reads", docOf(x.Text))
 		}
 	}
+}
+
+// TestWithFollowUps: every held-out question has a rephrasing, asked
+// right after it over the same passages; other prompts are refused.
+func TestWithFollowUps(t *testing.T) {
+	for _, q := range heldOutTemplates {
+		require.Contains(t, followUps, q)
+		require.NotEqual(t, q, followUps[q])
+	}
+	held := []Prompt{{Query: heldOutTemplates[0], Corpus: "sotu", Passages: []decoder.Passage{{Text: "a", Score: 2}}},
+		{Query: heldOutTemplates[1], Corpus: "mail", Passages: []decoder.Passage{{Text: "b", Score: 2}}}}
+	ps, err := WithFollowUps(held)
+	require.NoError(t, err)
+	require.Len(t, ps, 4)
+	for i, p := range held {
+		assert.Equal(t, p, ps[2*i])
+		assert.Equal(t, followUps[p.Query], ps[2*i+1].Query)
+		assert.Equal(t, p.Passages, ps[2*i+1].Passages)
+		assert.Equal(t, p.Corpus, ps[2*i+1].Corpus)
+	}
+	_, err = WithFollowUps([]Prompt{{Query: "Who wrote it?"}})
+	assert.ErrorContains(t, err, `no follow-up for "Who wrote it?"`)
 }
 
 // Windows takes the next long-enough document when the evenly spaced one

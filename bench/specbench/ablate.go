@@ -18,7 +18,11 @@ type Config struct {
 	Spec specdec.Options
 	// NoCost verifies every draft whole (decoder.Options.NoCostModel).
 	NoCost bool
-	Note   string
+	// HistoryTokens, when positive, gives the decoder a store of that many
+	// tokens of its earlier answers over the prompt set, in order, to
+	// draft from (decoder.Options.History; empty at each repeat's start).
+	HistoryTokens int
+	Note          string
 }
 
 // AblationConfigs are the linear rows of sd.npu's Table 4 style ablation,
@@ -41,6 +45,34 @@ func AblationConfigs(base specdec.Options) []Config {
 		{Name: "lookup+calibration, cost model", Spec: calib},
 		{Name: "lookup+calibration+reuse, cost model", Spec: reuse},
 	}
+}
+
+// TreeAndHistoryConfigs are the rows beyond sd.npu's linear ones, under
+// the cost model: token trees of at most specdec.DefaultTreeBudget nodes
+// (Lever's) and lookup drafting from earlier answers too (SAM's history,
+// historyTokens of them), each over lookup alone.
+func TreeAndHistoryConfigs(base specdec.Options, historyTokens int) []Config {
+	lookup := base
+	lookup.Enabled, lookup.TreeBudget = true, 1
+	lookup.Calibration, lookup.Reuse = false, false
+	trees := lookup
+	trees.TreeBudget = specdec.DefaultTreeBudget
+	return []Config{
+		{Name: "lookup trees, cost model", Spec: trees, Note: "token trees the cost model grows"},
+		{Name: "lookup+history, cost model", Spec: lookup, HistoryTokens: historyTokens, Note: "drafts from the earlier answers too"},
+	}
+}
+
+// CostModelOnly keeps the configurations the cost model drafts under, as
+// the daemons run them.
+func CostModelOnly(cs []Config) []Config {
+	var out []Config
+	for _, c := range cs {
+		if !c.NoCost {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // AblateOptions are a run of Ablate.
@@ -100,6 +132,17 @@ type Counted struct {
 	TokS      float64 `json:"tok_s"`
 	Speedup   float64 `json:"speedup"`
 	PrefillMS float64 `json:"prefill_ms"` // median over prompts, first repeat
+	// PerPrompt are each prompt's tokens and passes as Tokens and Passes
+	// count them, in the prompts' order (first repeat): a prompt set of
+	// originals and their follow-ups is judged on the follow-ups too.
+	PerPrompt []PromptCount `json:"per_prompt"`
+}
+
+// PromptCount is one prompt's tokens after the first and passes after
+// the prefill.
+type PromptCount struct {
+	Tokens int `json:"tokens"`
+	Passes int `json:"passes"`
 }
 
 // OriginCount counts the verified drafts of one origin.
@@ -195,9 +238,16 @@ func ablateOnce(ctx context.Context, m engine.Model, o AblateOptions, cfgs []Con
 		}
 	}()
 	for i, c := range cfgs {
+		var hist *specdec.History
+		if c.HistoryTokens > 0 {
+			var err error
+			if hist, err = specdec.NewHistory(c.HistoryTokens); err != nil {
+				return nil, err
+			}
+		}
 		var err error
 		decs[i], err = decoder.New(m, decoder.Options{
-			MaxPassages: o.MaxPassages, CtxPerSeq: 1024, Threads: o.Threads, Spec: c.Spec, NoCostModel: c.NoCost,
+			MaxPassages: o.MaxPassages, CtxPerSeq: 1024, Threads: o.Threads, Spec: c.Spec, NoCostModel: c.NoCost, History: hist,
 			SpecTrace: func(e decoder.SpecEvent) {
 				ev := &out[i].events[len(out[i].events)-1]
 				*ev = append(*ev, e)
@@ -231,6 +281,7 @@ func (t traced) count(c Config, plain []run) Counted {
 	for pi, r := range t.runs {
 		row.Tokens += max(r.tokens-1, 0)
 		row.Passes += r.steps
+		row.PerPrompt = append(row.PerPrompt, PromptCount{Tokens: max(r.tokens-1, 0), Passes: r.steps})
 		st.Add(r.stats)
 		if slices.Equal(r.out, plain[pi].out) {
 			row.Identical++

@@ -38,6 +38,7 @@ func newBenchExpCmd() *cobra.Command {
 		only      string
 		// E4 as Fig. 5
 		familyModel, familyPassages string
+		specFamilyModels            string
 		familyRerank, familyMethods string
 		questions                   int
 		threads                     int
@@ -75,9 +76,11 @@ first (make experiments does all of it).`,
 					o.Spec = true
 				case "family":
 					o.Family = true
+				case "spec-family":
+					o.SpecFamily = true
 				case "report": // run nothing: regenerate the report from results.json
 				default:
-					return fmt.Errorf("--only %q: latency, cache, quality, spec, family, a comma-separated list of them, or report", e)
+					return fmt.Errorf("--only %q: latency, cache, quality, spec, family, spec-family, a comma-separated list of them, or report", e)
 				}
 			}
 			var err error
@@ -114,6 +117,18 @@ first (make experiments does all of it).`,
 				defer m.Close()
 				o.QualityOpts.Model, o.QualityOpts.Threads = m, threads
 				o.SpecOpts.Model, o.SpecOpts.Threads = m, threads
+			}
+			if o.SpecFamily {
+				for _, path := range strings.Split(specFamilyModels, ",") {
+					m, err := llamacpp.Load(strings.TrimSpace(path), llamacpp.Options{Threads: threads})
+					if err != nil {
+						return fmt.Errorf("--spec-family-models: %w (make qwen fetches them)", err)
+					}
+					defer m.Close()
+					s := o.SpecOpts
+					s.Model, s.Threads, s.FollowUps, s.CostModelOnly = m, threads, true, true
+					o.SpecFamilyOpts = append(o.SpecFamilyOpts, s)
+				}
 			}
 			if o.Family {
 				m, err := llamacpp.Load(familyModel, llamacpp.Options{Threads: threads})
@@ -157,7 +172,7 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SimRuns, "sim-runs", 200, "simulator runs per strategy and latency")
 	f.IntVar(&o.SimSteps, "sim-steps", 128, "tokens per simulator run")
 	f.StringVar(&o.Dir, "out", "docs", "folder of EXPERIMENTS.md and experiments/")
-	f.StringVar(&only, "only", "latency,cache,quality,spec", "parts to run: latency (E1–E3), cache (E2 with the KV cache, cold and warm), quality (E4), spec (E5), family (E4 as DRAGON's Fig. 5 on its model family: hours on 2 cores); the others keep their last results (report: run none, regenerate the report)")
+	f.StringVar(&only, "only", "latency,cache,quality,spec", "parts to run: latency (E1–E3), cache (E2 with the KV cache, cold and warm), quality (E4), spec (E5), family (E4 as DRAGON's Fig. 5 on its model family: hours on 2 cores), spec-family (E5 on the Qwen pair, with follow-up prompts); the others keep their last results (report: run none, regenerate the report)")
 	f.StringVar(&o.QualityOpts.Corpus, "corpus", "data/corpus/sotu", "E4: folder of .txt documents, held-out windows and the two sides' indexes")
 	f.IntVar(&o.QualityOpts.Windows, "windows", 16, "E4: held-out windows")
 	f.IntVar(&o.QualityOpts.Words, "window-words", 96, "E4: words per window (the first half given, the second scored)")
@@ -179,5 +194,8 @@ first (make experiments does all of it).`,
 	f.IntVar(&o.SpecOpts.Prompts, "spec-prompts", 16, "E5: held-out prompts (one passage each)")
 	f.IntVar(&o.SpecOpts.MaxTokens, "spec-tokens", 64, "E5: tokens per answer")
 	f.IntVar(&o.SpecOpts.Repeats, "spec-repeats", 2, "E5: repeats of the prompt set (tok/s and speedup are medians over them)")
+	f.IntVar(&o.SpecOpts.HistoryTokens, "spec-history-tokens", experiments.DefaultSpecHistoryTokens, "E5: the history row's store of earlier answers, in tokens")
+	f.StringVar(&specFamilyModels, "spec-family-models", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf,models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+		"E5 on the family (spec-family): the models, comma-separated, each run with --spec-prompts held-out prompts and as many follow-ups, the cost model's configurations only (make qwen)")
 	return cmd
 }
