@@ -138,6 +138,13 @@ type Options struct {
 	// whose prompt shares a prefix with a cached one restores it and
 	// prefills only the rest (see prefix.go). Decoders may share one.
 	Cache *kvcache.Cache
+	// Assistant, with Spec, is a decoder on a smaller model of the same
+	// tokenizer, kept in memory beside this one (Lever's DRAM draft): it
+	// follows the answer and drafts its own greedy continuation beside the
+	// context drafter, and at each step the cost model takes the draft with
+	// the more expected tokens per millisecond (assistant.go). Linear drafts
+	// only (Spec.TreeBudget ≤ 1); the assistant must not speculate itself.
+	Assistant *Decoder
 	// Hedges is how many hedge branches may be live at once (hedge.go):
 	// each takes MaxPassages more KV sequences (a given Context must hold
 	// them). 0: none.
@@ -206,8 +213,12 @@ type Decoder struct {
 	drafter *specdec.Drafter
 	acc     *specdec.Acceptance
 	cost    *specdec.CostModel
-	stats   specdec.Stats
-	steps   int
+	// assist prices the assistant's drafts (Options.Assistant): its own
+	// acceptance and drafting cost over the same verification table.
+	assist      *specdec.CostModel
+	assistStart *assistantStart
+	stats       specdec.Stats
+	steps       int
 	// shadow learns the acceptance of drafts the cost model left
 	// unverified, from what plain decoding then emits.
 	shadow specdec.Shadow
@@ -253,23 +264,13 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	}
 	branches := 1
 	if opts.Spec.Enabled && opts.Spec.TreeBudget > 1 && opts.Mode == OutputAggregation {
-		// Token trees: every passage gets one KV sequence per branch. The
-		// branches share the passage's prefix cells, which needs one
-		// unified KV buffer.
-		branches = max(1, min(opts.Spec.TreeBudget, maxSeqs/opts.MaxPassages))
-	}
-	if branches > 1 {
-		copts.MaxSeqs = opts.MaxPassages * branches
-		copts.Unified = true
-		copts.Cells = opts.MaxPassages * (opts.CtxPerSeq + opts.Spec.TreeBudget)
+		// Token trees: every passage gets one KV sequence per branch (tree.go).
+		branches = max(1, min(opts.Spec.TreeBudget, maxTreeLeaves, maxSeqs/opts.MaxPassages))
 	}
 	if opts.Hedges < 0 {
 		return nil, fmt.Errorf("decoder: %w: %d hedge branches", engine.ErrInvalidInput, opts.Hedges)
 	}
 	copts.MaxSeqs = opts.MaxPassages * (branches + opts.Hedges)
-	if branches > 1 {
-		copts.Cells += opts.MaxPassages * opts.Hedges * opts.CtxPerSeq
-	}
 	if copts.MaxSeqs > maxSeqs {
 		return nil, fmt.Errorf("decoder: %w: %d passages with %d branches and %d hedges need %d sequences, more than %d",
 			engine.ErrInvalidInput, opts.MaxPassages, branches, opts.Hedges, copts.MaxSeqs, maxSeqs)
@@ -308,6 +309,14 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 		table = &specdec.VerifyTable{}
 	}
 	d.cost = specdec.NewCostModel(d.acc, table, max(opts.Spec.MaxDraft, 1))
+	if opts.Assistant != nil {
+		if err := d.checkAssistant(opts.Assistant); err != nil {
+			c.Close()
+			return nil, err
+		}
+		d.assist = specdec.NewCostModel(specdec.NewAcceptance(0.5), table, max(opts.Spec.MaxDraft, 1))
+		d.assist.DraftMs = 0 // unknown until the first draft is timed
+	}
 	return d, nil
 }
 

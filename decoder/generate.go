@@ -99,6 +99,10 @@ func (d *Decoder) StartMode(ctx context.Context, query string, passages []Passag
 	}
 	d.drafter.StartAnswer(d.prompts[0])
 	d.cost.Seqs = len(d.prompts)
+	if d.assist != nil {
+		d.assist.Seqs = len(d.prompts)
+		d.assistStart = &assistantStart{query: query, passages: passages, mode: mode, system: d.system, history: d.history}
+	}
 	return nil
 }
 
@@ -153,12 +157,29 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	// free and goes out at once rather than after a verification pass;
 	// speculation resumes from the next step.
 	free := d.nextValid
+	// cost is the model that planned the step: the context drafter's, or
+	// the assistant's when its draft was taken (the context's draft is
+	// then shadowed, so that its acceptance still learns).
+	cost, shadowed := d.cost, specdec.Draft{}
+	var draftMS float64
 	if specOn && !free {
 		draft = d.drafter.Draft()
 		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1, limit-1))]
 		plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
 		if d.opts.NoCostModel && len(draft.Tokens) > 0 {
 			plan = d.cost.Plan(draft.MatchLen, len(draft.Tokens))
+		}
+		if d.assist != nil {
+			if ap := d.assist.Choose(0, max(0, min(room-1, limit-1))); ap.Gamma > 0 && ap.Tokens/ap.Ms > plan.Tokens/plan.Ms {
+				toks, ms, err := d.assistantDraft(ctx, ap.Gamma)
+				if err != nil {
+					return nil, err
+				}
+				if len(toks) > 0 {
+					shadowed, draft = draft, specdec.Draft{Tokens: toks, Origin: specdec.OriginModel}
+					cost, plan, draftMS = d.assist, d.assist.Plan(0, len(toks)), ms
+				}
+			}
 		}
 	}
 	stepStart := time.Now()
@@ -191,6 +212,7 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 		return []engine.Token{tok}, nil
 	}
 	d.shadow.Reset()
+	d.shadow.Offer(shadowed)
 	toks := draft.Tokens[:plan.Gamma]
 	rows, err := d.Verify(ctx, toks)
 	if err != nil {
@@ -218,12 +240,13 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	}
 	d.steps++
 	d.drafter.Verified(toks, chosen)
+	d.shadow.Emitted(d.acc, v.Emit...)
 	if err := d.drafter.Append(v.Emit...); err != nil {
 		return nil, err
 	}
-	d.cost.Observe(plan, specdec.Outcome{
+	cost.Observe(plan, specdec.Outcome{
 		Accepted: v.Accepted, Attempted: v.Attempted,
-		Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), VerifyMs: verifyMS,
+		Rows: (len(toks) + 1) * len(d.prompts), Seqs: len(d.prompts), DraftMs: draftMS, VerifyMs: verifyMS,
 	})
 	d.stats.RecordDraft(draft.Origin, len(toks), v.Accepted)
 	if d.opts.SpecTrace != nil {
@@ -414,7 +437,7 @@ func (d *Decoder) treeStep(ctx context.Context, choose Chooser, limit int) ([]en
 		if d.opts.NoCostModel {
 			cost = free
 		}
-		tree = specdec.BuildTree(src, root, cost, min(d.opts.Spec.TreeBudget, d.branches), depth)
+		tree = specdec.BuildTree(src, root, cost, d.opts.Spec.TreeBudget, d.branches, depth)
 	}
 	plan := d.cost.PlanTree(tree, src.MatchLen)
 	if tree.Size() == 0 {

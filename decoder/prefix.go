@@ -46,8 +46,8 @@ func (d *Decoder) resident() [][]engine.Token {
 
 // cacheable reports whether this generation's own sequences may start
 // from cached prefixes: not for calibration, which reads every prompt
-// row's logits, nor for token trees, whose unified KV lays state out
-// differently.
+// row's logits, nor for token trees, whose branch streams the cache does
+// not restore.
 func (d *Decoder) cacheable(calib bool) bool {
 	return d.opts.Cache != nil && !calib && d.branches == 1
 }

@@ -9,11 +9,20 @@ import (
 )
 
 // Token trees (Lever §B2(a)). Passage s decodes branch 0 of a tree on its
-// own sequence s and branch b ≥ 1 on a sequence of its own (branchSeq),
-// which starts as a copy of s's prefix: the copy shares the prefix's KV
-// cells, and a tree node shared by several branches is one batch row
-// tagged with all their sequences. So each node attends to exactly its
-// passage, the answer so far and its own path.
+// own sequence s and branch b ≥ 1 on a sequence of its own (branchSeq).
+// Each sequence is a KV stream of its own (no unified buffer), and a branch
+// starts as a whole copy of its passage's stream, so the branch's cells lie
+// exactly as the passage's would if it had decoded the branch's path
+// itself: a node shared by several branches is decoded once in each, and
+// its row is plain decoding's after its path, bit for bit (llama.cpp's
+// unified buffer, where branches would share the prefix's cells, sums
+// attention over other branches' cells in between and moves logits by up
+// to 0.36; DESIGN-NOTES). Under a memory budget a pass costs nearly the
+// same for the extra rows, and a stream copy is a memcpy.
+
+// maxTreeLeaves bounds a tree's branches: each is a KV stream of
+// CtxPerSeq cells per passage (28 MiB at 1,024 on Qwen2.5-1.5B).
+const maxTreeLeaves = 4
 
 // TreeBranches is how many branches a tree may have (1: trees are off).
 func (d *Decoder) TreeBranches() int { return d.branches }
@@ -79,8 +88,8 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 		wants, err = d.decodeBatch(ctx, wants, nil)
 		return err
 	}
-	add := func(w rowWant, tok engine.Token, pos int, seqs []int) error {
-		d.batch.Add(tok, pos, w.out >= 0, seqs...)
+	add := func(w rowWant, tok engine.Token, pos int, seq int) error {
+		d.batch.Add(tok, pos, w.out >= 0, seq)
 		wants = append(wants, w)
 		if d.batch.Len() >= d.opts.BatchSize {
 			return flush()
@@ -102,22 +111,27 @@ func (d *Decoder) VerifyTree(ctx context.Context, tree *specdec.Tree) ([][]float
 			}
 		}
 		// Pending tokens belong to every branch; the last one is the root.
+		// A row decoded in several branches is read from the first.
 		for pos := d.held[s]; pos < base; pos++ {
-			out := -1
-			if pos == base-1 {
-				out = 0
-			}
-			if err := add(rowWant{seq: s, out: out, prow: -1}, d.tokenAt(prompt, pos, nil), pos, all); err != nil {
-				return nil, undo(err)
+			for b, seq := range all {
+				out := -1
+				if pos == base-1 && b == 0 {
+					out = 0
+				}
+				if err := add(rowWant{seq: s, out: out, prow: -1}, d.tokenAt(prompt, pos, nil), pos, seq); err != nil {
+					return nil, undo(err)
+				}
 			}
 		}
 		for i, node := range tree.Nodes[1:] {
-			seqs := make([]int, len(node.Branches))
 			for j, b := range node.Branches {
-				seqs[j] = all[b]
-			}
-			if err := add(rowWant{seq: s, out: i + 1, prow: -1}, node.Token, base+node.Depth-1, seqs); err != nil {
-				return nil, undo(err)
+				out := -1
+				if j == 0 {
+					out = i + 1
+				}
+				if err := add(rowWant{seq: s, out: out, prow: -1}, node.Token, base+node.Depth-1, all[b]); err != nil {
+					return nil, undo(err)
+				}
 			}
 		}
 	}
@@ -147,13 +161,18 @@ func (d *Decoder) CommitTree(tree *specdec.Tree, v specdec.TreeVerdict) error {
 				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
 			}
 		} else {
-			// The passage's own sequence holds branch 0: swap in the
-			// accepted path from its branch's sequence (shared cells, no
-			// recomputation).
-			if err := d.ectx.Truncate(s, base); err != nil {
-				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
+			// The passage's own sequence holds branch 0: the accepted
+			// branch's stream, a copy of it with the path after, becomes
+			// the passage's whole (no recomputation), cut after the path.
+			bseq := d.branchSeq(s, v.Branch)
+			err := d.ectx.Truncate(s, 0)
+			if err == nil {
+				err = d.ectx.CopySeq(bseq, s, 0, base+tree.Nodes[tree.Leaves[v.Branch]].Depth)
 			}
-			if err := d.ectx.CopySeq(d.branchSeq(s, v.Branch), s, base, keep); err != nil {
+			if err == nil {
+				err = d.ectx.Truncate(s, keep)
+			}
+			if err != nil {
 				return fmt.Errorf("decoder: commit tree, sequence %d: %w", s, err)
 			}
 		}

@@ -109,7 +109,8 @@ type ContextOptions struct {
 	// Embeddings makes Decode also produce per-token hidden states.
 	Embeddings bool
 	// Unified keeps all sequences in one KV buffer: needed for tokens that
-	// belong to several sequences (token trees) and partial CopySeq;
+	// belong to several sequences and partial CopySeq (the decoder uses
+	// neither: its token trees copy whole streams);
 	// otherwise each sequence has its own stream (backend permitting). On
 	// llama.cpp a sequence's results in a unified context depend, within
 	// rounding, on where its cells lie among the other sequences' (attention

@@ -126,7 +126,8 @@ type CostModel struct {
 	// Margin: speculate only when the predicted speedup exceeds 1+Margin,
 	// so that estimation noise does not buy slower steps.
 	Margin float64
-	// DraftMs is the drafting cost per draft token (moving average).
+	// DraftMs is the drafting cost per draft token (moving average; 0:
+	// not measured yet, and the first measurement replaces it).
 	DraftMs float64
 	// Window is how many steps are pooled into one PredictionLog entry:
 	// single steps emit a geometric number of tokens, too noisy to score.
@@ -222,7 +223,11 @@ func (m *CostModel) Observe(p Plan, o Outcome) {
 		m.Verify.Observe(o.Rows, max(o.VerifyMs-m.Verify.LeafMs*extra, 0))
 	}
 	if p.Gamma > 0 && o.DraftMs > 0 {
-		m.DraftMs = 0.8*m.DraftMs + 0.2*o.DraftMs/float64(p.Gamma)
+		per := o.DraftMs / float64(p.Gamma)
+		if m.DraftMs > 0 {
+			per = 0.8*m.DraftMs + 0.2*per
+		}
+		m.DraftMs = per // the first measurement as it is: 0 means unknown
 	}
 	w := &m.win
 	w.steps++

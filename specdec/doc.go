@@ -28,7 +28,7 @@
 // A tree step replaces the first three lines with
 //
 //	src := drafter.TreeSource()
-//	tree := spec.BuildTree(src, pending, model.TreeCost, opts.TreeBudget, opts.MaxDraft)
+//	tree := spec.BuildTree(src, pending, model.TreeCost, opts.TreeBudget, leaves, opts.MaxDraft)
 //	plan := model.PlanTree(tree, src.MatchLen)
 //
 // decodes node i as row i at position p+Depth with the sequence ids of its

@@ -220,11 +220,14 @@ const (
 	OriginCalibrated
 	// OriginReuse: a held segment of a rejected draft (draft reuse).
 	OriginReuse
+	// OriginModel: a smaller model's greedy continuation (a decoder's
+	// assistant), not this drafter's.
+	OriginModel
 	numOrigins
 )
 
 func (s Origin) String() string {
-	return [...]string{"none", "lookup", "calibrated", "reuse"}[s]
+	return [...]string{"none", "lookup", "calibrated", "reuse", "model"}[s]
 }
 
 // Draft proposes up to MaxDraft tokens: from the longest match, following

@@ -88,7 +88,7 @@ func (e *e2e) tree(t *testing.T, n int) []Token {
 	h := slices.Clone(e.seq)
 	for len(h) < len(e.seq)+n {
 		src := e.d.TreeSource()
-		tr := BuildTree(src, h[len(h)-1], e.cm.TreeCost, 12, 8)
+		tr := BuildTree(src, h[len(h)-1], e.cm.TreeCost, 12, 12, 8)
 		plan := e.cm.PlanTree(tr, src.MatchLen)
 		argmax := make([]Token, len(tr.Nodes))
 		for i := range tr.Nodes {

@@ -63,9 +63,9 @@ const DefaultTreeBudget = 16
 // either way while asking the prefill for every prompt row's logits makes
 // the prefill a quarter to a third longer, and reused segments land where
 // nothing else is proposed and are hardly ever accepted. Token trees (TreeBudget > 1,
-// e.g. DefaultTreeBudget) are opt-in too: they need a unified KV buffer,
-// where llama.cpp's results move within rounding with the cell layout, and on a 2-core CPU the
-// cost model hardly ever grows one (docs/BENCHMARKS.md).
+// e.g. DefaultTreeBudget) are opt-in too: each branch is a KV stream of its
+// own per passage, and on a 2-core CPU the cost model hardly ever grows one
+// unless the weights are read from storage (docs/BENCHMARKS.md).
 func DefaultOptions() Options {
 	return Options{
 		Enabled:     true,

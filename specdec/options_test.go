@@ -38,7 +38,7 @@ func TestDisabledDrafterProposesNothing(t *testing.T) {
 	d.StartAnswer(toks("ab"))
 	d.Verified(toks("Xab"), toks("Qabz"))
 	require.Empty(t, d.Draft().Tokens)
-	tr := BuildTree(d.TreeSource(), 'b', linearCost(0.01, 0), 8, 8)
+	tr := BuildTree(d.TreeSource(), 'b', linearCost(0.01, 0), 8, 8, 8)
 	require.Zero(t, tr.Size())
 }
 

@@ -137,7 +137,7 @@ func TestBuildTree(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := BuildTree(src, 'r', tc.cost, tc.maxNodes, tc.maxDepth)
+			tr := BuildTree(src, 'r', tc.cost, tc.maxNodes, tc.maxNodes, tc.maxDepth)
 			require.Equal(t, tc.want, tokensOf(tr))
 			require.LessOrEqual(t, tr.Size(), tc.maxNodes)
 			require.InDelta(t, tc.cost(tr.Size(), len(tr.Leaves)), tr.Cost, 1e-9)
@@ -150,7 +150,7 @@ func TestBuildTree(t *testing.T) {
 	}
 	// The greedy rule only adds what raises G/C, so the tree beats plain
 	// decoding whenever it is not empty.
-	tr := BuildTree(src, 'r', linearCost(0.3, 0), 10, 10)
+	tr := BuildTree(src, 'r', linearCost(0.3, 0), 10, 10, 10)
 	require.NotZero(t, tr.Size())
 	require.Greater(t, tr.Gain/tr.Cost, 1/linearCost(0.3, 0)(0, 1))
 	require.InDelta(t, 0.9*0.9*0.9, tr.Nodes[3].Reach, 1e-9, "reach multiplies along the path")
@@ -158,7 +158,7 @@ func TestBuildTree(t *testing.T) {
 
 func TestBuildTreeDedupesSiblings(t *testing.T) {
 	src := mapSource{RootHandle: {{Token: 'a', Prob: 0.3, Handle: 1}, {Token: 'a', Prob: 0.6, Handle: 2}}}
-	tr := BuildTree(src, 'r', linearCost(0.01, 0), 10, 10)
+	tr := BuildTree(src, 'r', linearCost(0.01, 0), 10, 10, 10)
 	require.Equal(t, 1, tr.Size())
 	require.InDelta(t, 0.6, tr.Nodes[1].Reach, 1e-9)
 }

@@ -39,8 +39,9 @@ type CostFunc func(nodes, leaves int) float64
 // more node (and one more leaf, unless its parent is a leaf), and inserts it
 // while that rate beats the tree's own G/C, which is exactly when the
 // insertion raises G/C. So a tree is only grown when it beats plain
-// decoding. At most maxNodes draft nodes, at most maxDepth deep.
-func BuildTree(src Source, root Token, cost CostFunc, maxNodes, maxDepth int) *Tree {
+// decoding. At most maxNodes draft nodes in at most maxLeaves branches, at
+// most maxDepth deep.
+func BuildTree(src Source, root Token, cost CostFunc, maxNodes, maxLeaves, maxDepth int) *Tree {
 	t := NewTree(root)
 	t.Cost = cost(0, 1)
 	type front struct {
@@ -73,6 +74,9 @@ func BuildTree(src Source, root Token, cost CostFunc, maxNodes, maxDepth int) *T
 			if hasChild[f.parent] {
 				l++
 			}
+			if l > maxLeaves {
+				continue
+			}
 			c := cost(t.Size()+1, l)
 			rate := math.Inf(1)
 			if dc := c - t.Cost; dc > 0 {
@@ -82,7 +86,7 @@ func BuildTree(src Source, root Token, cost CostFunc, maxNodes, maxDepth int) *T
 				best, bestRate, bestCost, bestLeaves = i, rate, c, l
 			}
 		}
-		if bestRate <= t.Gain/t.Cost {
+		if best < 0 || bestRate <= t.Gain/t.Cost {
 			break
 		}
 		f := fr[best]

@@ -33,20 +33,27 @@ import (
 	"github.com/dragon-rag/dragon/specdec"
 )
 
-// Modes are the decoding modes a run compares, in order. Lever's fourth,
-// trees drafted by a smaller model kept in memory, is not built yet.
-var Modes = []string{"unbudgeted", "plain", "linear", "trees"}
+// Modes are the decoding modes a run compares, in order. "draft" is
+// Lever's draft model kept in memory: linear drafts from the context or
+// from a smaller model of the same tokenizer (Options.DraftModel), whose
+// weights are locked beside the target's, the cost model choosing per
+// step. Its drafts are linear: under half the target's weights the draft
+// model's memory is taken from the target's locked weights, and even its
+// linear drafts pay less than the context's (docs/BENCHMARKS.md).
+var Modes = []string{"unbudgeted", "plain", "linear", "trees", "draft"}
 
 // Options of a run.
 type Options struct {
 	// Self is the dragon binary, run once per mode as the child.
-	Self      string
-	Model     string
-	Corpus    string // the built-in prompt set's corpus folder
-	Prompts   int
-	MaxTokens int
-	BudgetMB  int
-	Modes     []string
+	Self  string
+	Model string
+	// DraftModel is the draft mode's smaller model.
+	DraftModel string
+	Corpus     string // the built-in prompt set's corpus folder
+	Prompts    int
+	MaxTokens  int
+	BudgetMB   int
+	Modes      []string
 	// Pin locks the part of the weights the budget holds beside the rest
 	// (residency.Plan) in every budgeted mode; without it the kernel's LRU
 	// alone decides what stays.
@@ -87,8 +94,16 @@ type Mode struct {
 	// included) under a budget, the process's peak RSS without one.
 	PeakRSSMB float64 `json:"peak_rss_mb"`
 	TTFTMS    float64 `json:"ttft_ms_median"`
-	// PinnedMB is the weights locked in memory (Options.Pin).
+	// PinnedMB is the target's weights locked in memory (Options.Pin).
 	PinnedMB float64 `json:"pinned_mb"`
+	// DraftPinnedMB is the draft model's weights locked in memory (the
+	// draft mode), within the same budget.
+	DraftPinnedMB float64 `json:"draft_pinned_mb,omitempty"`
+	// ModelDrafts and ModelAccepted count the draft model's verified draft
+	// tokens and those accepted (the draft mode; the rest of the accepted
+	// tokens came from the context's drafts).
+	ModelDrafted  uint64 `json:"model_drafted,omitempty"`
+	ModelAccepted uint64 `json:"model_accepted,omitempty"`
 	// Advice is the madvise the model's mapping had.
 	Advice residency.Advice `json:"advice"`
 }
@@ -140,10 +155,15 @@ func Run(ctx context.Context, o Options) (Report, error) {
 // runChild runs one mode in a process of its own, inside a cgroup of the
 // budget plus the child's baseline unless the mode is unbudgeted.
 func runChild(ctx context.Context, o Options, mode string) (childResult, float64, error) {
-	if err := memcgroup.DropFromPageCache(o.Model); err != nil {
-		return childResult{}, 0, err
+	for _, f := range []string{o.Model, o.DraftModel} {
+		if f == "" {
+			continue
+		}
+		if err := memcgroup.DropFromPageCache(f); err != nil {
+			return childResult{}, 0, err
+		}
 	}
-	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--corpus", o.Corpus,
+	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--draft-model", o.DraftModel, "--corpus", o.Corpus,
 		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
 		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--advice", string(o.Advice)}
 	if mode == "unbudgeted" {
@@ -213,11 +233,12 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 
 // ChildOptions are a child's: one mode.
 type ChildOptions struct {
-	Mode      string
-	Model     string
-	Corpus    string
-	Prompts   int
-	MaxTokens int
+	Mode       string
+	Model      string
+	DraftModel string
+	Corpus     string
+	Prompts    int
+	MaxTokens  int
 	// BudgetMB and Pin: lock what the budget holds of the weights, beside
 	// the memory the child already uses and room to page a layer in.
 	BudgetMB int
@@ -248,6 +269,35 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
 		return fmt.Errorf("lever: waiting for the parent: %w", err)
 	}
+	var res childResult
+	// The draft model first, locked whole (but its token embeddings, read
+	// a row a token): every draft token reads all of it, so a part of it
+	// left to the page cache would be read from storage again and again.
+	var assistant *decoder.Decoder
+	var draftPinned int64
+	if o.Mode == "draft" {
+		dm, err := llamacpp.Load(o.DraftModel, llamacpp.Options{Threads: 1, InPlace: true})
+		if err != nil {
+			return fmt.Errorf("lever: the draft model: %w", err)
+		}
+		defer dm.Close()
+		if assistant, err = decoder.New(dm, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, BatchSize: 64}); err != nil {
+			return fmt.Errorf("lever: the draft model: %w", err)
+		}
+		defer assistant.Close()
+		tensors, err := gguf.Tensors(o.DraftModel)
+		if err != nil {
+			return err
+		}
+		all, _ := residency.Plan(tensors, 1<<62)
+		p, err := residency.Pin(o.DraftModel, all)
+		if err != nil {
+			return fmt.Errorf("lever: the draft model: %w", err)
+		}
+		defer p.Unpin()
+		draftPinned = p.Bytes
+		res.Mode.DraftPinnedMB = mb(p.Bytes)
+	}
 	// In place in every mode alike, so that greedy outputs compare: the
 	// repacked kernels add in another order.
 	m, err := llamacpp.Load(o.Model, llamacpp.Options{Threads: 1, InPlace: true})
@@ -258,12 +308,11 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// Passes of at most 64 tokens, as a device streaming its weights
 	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
 	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
-	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64})
+	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant})
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	var res childResult
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
 	}
@@ -278,7 +327,11 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			return err
 		}
 		_, layer := residency.Plan(tensors, 0)
-		room := int64((float64(o.BudgetMB)+baseline-anon)*(1<<20)) - 2*layer - pinSlack
+		room := int64((float64(o.BudgetMB)+baseline-anon)*(1<<20)) - draftPinned - 2*layer - pinSlack
+		if room < 0 && draftPinned > 0 {
+			return fmt.Errorf("lever: a budget of %d MiB cannot hold the draft model's %.0f MiB beside the target's least (two layers' pages and %d MiB); the least is %.0f MiB",
+				o.BudgetMB, mb(draftPinned), pinSlack>>20, float64(o.BudgetMB)-mb(room))
+		}
 		pin, _ := residency.Plan(tensors, room)
 		p, err := residency.Pin(o.Model, pin)
 		if err != nil {
@@ -305,6 +358,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		readBytes += float64(readFromStorage() - readAtFirst)
 		tokens += max(len(r.Tokens)-1, 0)
 		steps += r.Steps
+		res.Mode.ModelDrafted += r.Spec.ByOrigin[specdec.OriginModel].DraftedTokens
+		res.Mode.ModelAccepted += r.Spec.ByOrigin[specdec.OriginModel].AcceptedTokens
 		decodeMS += r.DecodeMS
 		ttft = append(ttft, r.TTFTMS)
 		res.Outputs = append(res.Outputs, r.Tokens)
@@ -325,7 +380,7 @@ func specOf(mode string) (specdec.Options, bool) {
 	switch mode {
 	case "unbudgeted", "plain":
 		return specdec.Options{}, true
-	case "linear":
+	case "linear", "draft":
 		return specdec.DefaultOptions(), true
 	case "trees":
 		o := specdec.DefaultOptions()

@@ -21,6 +21,7 @@ func TestModesSpeculate(t *testing.T) {
 		{"plain", false, 0},
 		{"linear", true, 1},
 		{"trees", true, specdec.DefaultTreeBudget},
+		{"draft", true, 1},
 	} {
 		o, ok := specOf(c.mode)
 		require.True(t, ok, c.mode)

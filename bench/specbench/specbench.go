@@ -196,7 +196,7 @@ func Run(ctx context.Context, m engine.Model, opts Options) (*Result, error) {
 	trees := cfgs[2].Spec // lookup + calibration + reuse
 	trees.TreeBudget = specdec.DefaultTreeBudget
 	cfgs = append(cfgs,
-		Config{Name: "+tree", Spec: trees, NoCost: true, Note: "token trees of up to 16 nodes, grown as far as the candidates go (unified KV)"},
+		Config{Name: "+tree", Spec: trees, NoCost: true, Note: "token trees of up to 16 nodes, grown as far as the candidates go (a KV stream a branch)"},
 		Config{Name: "+tree, cost-model", Spec: trees, Note: "the cost model chooses whether and how large a tree to draft"},
 		Config{Name: "default", Spec: full, Note: "specdec.DefaultOptions under the cost model"},
 	)

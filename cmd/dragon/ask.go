@@ -207,7 +207,7 @@ from --index, decode one sequence per passage, mix.`,
 	f.IntVar(&threads, "threads", 2, "compute threads")
 	f.IntVar(&maxTokens, "max-tokens", 128, "most tokens to generate (with --device: default the daemon's)")
 	f.BoolVar(&noSpec, "no-spec", false, "turn local speculative decoding off")
-	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; trees need a unified KV buffer)")
+	f.IntVar(&treeBudget, "tree-budget", 1, "most draft nodes of a token tree (1: linear drafts; each of a tree's branches, at most 4, takes a KV sequence of its own per passage)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print the answer only")
 	f.StringVar(&sharesOf, "shares-of", "", "without --device: decode this answer instead of generating one, and print after each of its tokens each passage's share of the answer so far (the mixture's posterior, as an answer's sources give it)")
 	addSamplingFlags(f, &sp)

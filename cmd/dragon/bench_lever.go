@@ -19,8 +19,8 @@ func newBenchLeverCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "lever",
-		Short: "A model larger than its memory budget (Lever): plain decoding, linear speculation and token trees under a cgroup v1 memory limit, beside the same model unbudgeted",
-		Long: `Runs each mode (--modes: unbudgeted, plain, linear, trees) as a process of
+		Short: "A model larger than its memory budget (Lever): plain decoding, linear speculation, token trees and a draft model under a cgroup v1 memory limit, beside the same model unbudgeted",
+		Long: `Runs each mode (--modes: unbudgeted, plain, linear, trees, draft) as a process of
 its own, one thread, decoding the same --n built-in prompts (one passage
 each) greedily for --max-tokens. Every budgeted mode runs inside a cgroup
 v1 memory group (/sys/fs/cgroup/memory, root) limited to --budget-mb plus
@@ -33,12 +33,14 @@ token, and whether every mode's greedy output equals the unbudgeted one.
 With --pin (the default) a budgeted mode locks the weights the budget
 holds beside what it already uses and room to page a layer in, in the
 file's order, the token embeddings (read a row a token) never; the rest
-is read once a pass.`,
+is read once a pass. The draft mode also keeps --draft-model locked in
+memory within the same budget (Lever's draft model) and drafts from it or
+from the context, whichever the cost model expects more of per millisecond.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
 				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
-					Mode: child, Model: o.Model, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice})
+					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice})
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -55,6 +57,7 @@ is read once a pass.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Model, "model", "models/Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf", "the target model (make qwen)")
+	f.StringVar(&o.DraftModel, "draft-model", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "the draft mode's smaller model of the same tokenizer, locked in memory within the budget (make qwen)")
 	f.StringVar(&o.Corpus, "corpus", "data/corpus", "corpus folder of the built-in prompt set (make corpus)")
 	f.IntVar(&o.Prompts, "n", 4, "prompts")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens decoded per prompt")
