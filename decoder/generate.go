@@ -163,14 +163,15 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	cost, shadowed := d.cost, specdec.Draft{}
 	var draftMS float64
 	if specOn && !free {
+		avail := max(0, min(room-1, limit-1)) // draft tokens the step can take
 		draft = d.drafter.Draft()
-		draft.Tokens = draft.Tokens[:max(0, min(len(draft.Tokens), room-1, limit-1))]
+		draft.Tokens = draft.Tokens[:min(len(draft.Tokens), avail)]
 		plan = d.cost.Choose(draft.MatchLen, len(draft.Tokens))
 		if d.opts.NoCostModel && len(draft.Tokens) > 0 {
 			plan = d.cost.Plan(draft.MatchLen, len(draft.Tokens))
 		}
 		if d.assist != nil {
-			if ap := d.assist.Choose(0, max(0, min(room-1, limit-1))); ap.Gamma > 0 && ap.Tokens/ap.Ms > plan.Tokens/plan.Ms {
+			if ap := d.assist.Choose(0, avail); ap.Gamma > 0 && ap.Tokens/ap.Ms > plan.Tokens/plan.Ms {
 				toks, ms, err := d.assistantDraft(ctx, ap.Gamma)
 				if err != nil {
 					return nil, err

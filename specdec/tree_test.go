@@ -123,23 +123,27 @@ func TestBuildTree(t *testing.T) {
 		return str(s)
 	}
 	tests := []struct {
-		name     string
-		cost     CostFunc
-		maxNodes int
-		maxDepth int
-		want     string
+		name      string
+		cost      CostFunc
+		maxNodes  int
+		maxLeaves int
+		maxDepth  int
+		want      string
 	}{
-		{"cheap nodes take everything", linearCost(0.01, 0), 10, 10, "acefbd"},
-		{"budget keeps the likeliest", linearCost(0.01, 0), 3, 10, "ace"},
-		{"depth limit", linearCost(0.01, 0), 10, 2, "acbd"},
-		{"costly leaves keep a chain", linearCost(0.05, 1), 10, 10, "acef"},
-		{"costly nodes: plain decoding", linearCost(2, 0), 10, 10, ""},
+		{"cheap nodes take everything", linearCost(0.01, 0), 10, 10, 10, "acefbd"},
+		{"budget keeps the likeliest", linearCost(0.01, 0), 3, 10, 10, "ace"},
+		{"depth limit", linearCost(0.01, 0), 10, 10, 2, "acbd"},
+		{"leaf limit keeps the likelier branch", linearCost(0.01, 0), 10, 2, 10, "acefb"},
+		{"one leaf: a chain", linearCost(0.01, 0), 10, 1, 10, "acef"},
+		{"costly leaves keep a chain", linearCost(0.05, 1), 10, 10, 10, "acef"},
+		{"costly nodes: plain decoding", linearCost(2, 0), 10, 10, 10, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := BuildTree(src, 'r', tc.cost, tc.maxNodes, tc.maxNodes, tc.maxDepth)
+			tr := BuildTree(src, 'r', tc.cost, tc.maxNodes, tc.maxLeaves, tc.maxDepth)
 			require.Equal(t, tc.want, tokensOf(tr))
 			require.LessOrEqual(t, tr.Size(), tc.maxNodes)
+			require.LessOrEqual(t, len(tr.Leaves), tc.maxLeaves)
 			require.InDelta(t, tc.cost(tr.Size(), len(tr.Leaves)), tr.Cost, 1e-9)
 			gain := 1.0
 			for _, n := range tr.Nodes[1:] {

@@ -459,7 +459,8 @@ func (s *soak) awaitRestart(ctx context.Context, n *node, epoch int) {
 	}
 }
 
-// record classifies one answer and holds it to the reference; it reports
+// record classifies one answer and holds it to the reference of question
+// qi (none for qi < 0: a question asked only under faults); it reports
 // whether the question was cut off.
 func (s *soak) record(n *node, qi int, a aggbench.Answer, err error) (wasCut bool) {
 	s.mu.Lock()
@@ -473,13 +474,17 @@ func (s *soak) record(n *node, qi int, a aggbench.Answer, err error) (wasCut boo
 		return true
 	}
 	s.rep.Answers++
-	ref, sum := s.ref[qi], a.Summary
+	sum := a.Summary
 	upTo := len(a.Tokens)
 	if sum.GetFallback() {
 		upTo = min(int(sum.GetFallbackStep()), upTo)
 	} else {
 		s.rep.WithCloud++
 	}
+	if qi < 0 {
+		return false
+	}
+	ref := s.ref[qi]
 	// Tokens decided with the cloud are the fault-free answer's; after a
 	// fallback the device decides alone, and may differ.
 	if upTo > len(ref) || !slices.Equal(a.Tokens[:upTo], ref[:upTo]) || (!sum.GetFallback() && len(a.Tokens) != len(ref)) {
@@ -821,7 +826,9 @@ func (s *soak) dump(ctx context.Context, name string) string {
 
 // probeCache asks questions the cloud has not cached until it has tried,
 // and failed, to write one to its broken disk (a few tries: a session cut
-// by the link's faults may end before its entries are put).
+// by the link's faults may end before its entries are put). Their answers
+// are counted by state like the others (a device counts their fallbacks
+// too), but have no fault-free answer to be held to.
 func (s *soak) probeCache(ctx context.Context) {
 	cloud, _ := s.daemons()
 	n := s.nodes[0]
@@ -833,7 +840,8 @@ func (s *soak) probeCache(ctx context.Context) {
 		gen := n.gen
 		n.mu.Unlock()
 		q := fmt.Sprintf("%s (asked again, %d)", s.o.Questions[try%len(s.o.Questions)], try)
-		_, _ = aggbench.Ask(ctx, gen, s.request(q))
+		a, err := aggbench.Ask(ctx, gen, s.request(q))
+		s.record(n, -1, a, err)
 	}
 }
 

@@ -49,10 +49,12 @@ func TestSoak(t *testing.T) {
 		fallbacks += n
 	}
 	assert.Positive(t, fallbacks, "the faults made devices answer alone")
-	// Each fallback is counted by its device with a reason (a killed
-	// device's counters are read just before the kill, so one answer may
-	// slip between).
-	assert.InDelta(t, rep.Answers-rep.WithCloud, fallbacks, 1)
+	// Each fallback is counted by its device with a reason: every answer
+	// that fell back, and an answer a kill cut off after its device fell
+	// back (so at most Cut more); a killed device's counters are read just
+	// before the kill, so one answer may slip between (one fewer).
+	extra := fallbacks - (rep.Answers - rep.WithCloud)
+	assert.True(t, extra >= -1 && extra <= rep.Cut, "%d fallbacks counted by the devices, %d answers fell back, %d cut", fallbacks, rep.Answers-rep.WithCloud, rep.Cut)
 	for _, kind := range []string{"kill_device", "kill_documents_device", "restart_cloud", "reset", "stall_long", "backend_slow", "pause_backend"} {
 		assert.Positive(t, rep.Faults[kind], kind)
 	}
