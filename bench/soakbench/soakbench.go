@@ -230,7 +230,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 	}
 	startG := s.goroutines(ctx)
 	for _, g := range startG {
-		s.rep.Goroutines.Start += g
+		s.rep.Goroutines.Start += g.total
 	}
 	s.start = time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.Duration)
@@ -762,23 +762,67 @@ func (s *soak) settle(ctx context.Context) {
 	}
 }
 
-// goroutines are each daemon's goroutines, by name, logged: the total of
-// its goroutine profile, one snapshot (go_goroutines, read while the
-// metrics handler and its collectors run, came out up to 2 over it).
-func (s *soak) goroutines(ctx context.Context) map[string]int {
-	out := map[string]int{}
+// goroutineProfile is one daemon's goroutine profile: its total, and how
+// many goroutines wait in each stack (its functions, one a line).
+type goroutineProfile struct {
+	total   int
+	byStack map[string]int
+}
+
+// parseGoroutines reads a /debug/pprof/goroutine?debug=1 profile.
+func parseGoroutines(dump string) (goroutineProfile, error) {
+	p := goroutineProfile{byStack: map[string]int{}}
+	if _, err := fmt.Sscanf(dump, "goroutine profile: total %d", &p.total); err != nil {
+		return p, err
+	}
+	// Each record: "N @ pc pc ...", then its frames as "#\tpc\tfunction+off\tfile:line".
+	for _, rec := range strings.Split(dump, "\n\n") {
+		lines := strings.Split(strings.TrimSpace(rec), "\n")
+		var n int
+		if _, err := fmt.Sscanf(lines[0], "%d @", &n); err != nil {
+			continue
+		}
+		var frames []string
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) >= 3 && f[0] == "#" {
+				fn, _, _ := strings.Cut(f[2], "+0x") // the same stack, whatever the call site's offset
+				frames = append(frames, fn)
+			}
+		}
+		p.byStack[strings.Join(frames, "\n")] += n
+	}
+	return p, nil
+}
+
+// grown lists the stacks (by function) that hold more goroutines in p than
+// in start.
+func (p goroutineProfile) grown(start goroutineProfile) string {
+	var b strings.Builder
+	for stack, n := range p.byStack {
+		if n > start.byStack[stack] {
+			fmt.Fprintf(&b, "%d → %d in\n%s\n", start.byStack[stack], n, stack)
+		}
+	}
+	return b.String()
+}
+
+// goroutines are each daemon's goroutine profile, by name, logged: the
+// total of its goroutine profile, one snapshot (go_goroutines, read while
+// the metrics handler and its collectors run, came out up to 2 over it).
+func (s *soak) goroutines(ctx context.Context) map[string]goroutineProfile {
+	out := map[string]goroutineProfile{}
 	var each []string
 	for i := range 1 + len(s.nodes) {
 		name := "cloud"
 		if i > 0 {
 			name = fmt.Sprintf("device %d", i-1)
 		}
-		var v int
-		if _, err := fmt.Sscanf(s.dump(ctx, name), "goroutine profile: total %d", &v); err != nil {
+		p, err := parseGoroutines(s.dump(ctx, name))
+		if err != nil {
 			s.logf("soak: %s's goroutines: %v", name, err)
 		}
-		out[name] = v
-		each = append(each, fmt.Sprintf("%s %d", name, v))
+		out[name] = p
+		each = append(each, fmt.Sprintf("%s %d", name, p.total))
 	}
 	s.logf("soak: goroutines: %s", strings.Join(each, ", "))
 	return out
@@ -786,22 +830,22 @@ func (s *soak) goroutines(ctx context.Context) map[string]int {
 
 // leftOver waits (up to 15 s: streams and their connections wind down
 // after the last answer) until no daemon has more goroutines than at the
-// start, and returns their sum then. A daemon still over logs its
-// goroutine dump, for the person who reads the report.
-func (s *soak) leftOver(ctx context.Context, start map[string]int) int {
+// start, and returns their sum then. A daemon still over logs the stacks
+// whose goroutines grew, for the person who reads the report.
+func (s *soak) leftOver(ctx context.Context, start map[string]goroutineProfile) int {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		now, over := s.goroutines(ctx), []string{}
 		total := 0
-		for name, g := range now {
-			total += g
-			if g > start[name] {
+		for name, p := range now {
+			total += p.total
+			if p.total > start[name].total {
 				over = append(over, name)
 			}
 		}
 		if len(over) == 0 || time.Now().After(deadline) {
 			for _, name := range over {
-				s.logf("soak: %s has %d goroutines, %d at the start:\n%s", name, now[name], start[name], s.dump(ctx, name))
+				s.logf("soak: %s has %d goroutines, %d at the start; grown:\n%s", name, now[name].total, start[name].total, now[name].grown(start[name]))
 			}
 			return total
 		}

@@ -1,10 +1,14 @@
 package soakbench
 
 import (
+	"bytes"
+	"runtime/pprof"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestSummarizeRSS: the largest RSS per minute and over the run, and the
@@ -52,4 +56,33 @@ func TestUniqueWordsDiffer(t *testing.T) {
 		assert.Regexp(t, `^zq[a-z]+x$`, w)
 		seen[w] = true
 	}
+}
+
+// parkedForSoakTest waits on stop: the goroutine the profile test adds.
+func parkedForSoakTest(stop chan struct{}) { <-stop }
+
+// TestGoroutineProfilesShowWhatGrew: of two real goroutine profiles, the
+// stack that holds one goroutine more is named, with its counts, and
+// nothing else is (totals are not compared: the test binary's own
+// goroutines come and go).
+func TestGoroutineProfilesShowWhatGrew(t *testing.T) {
+	profile := func() goroutineProfile {
+		var b bytes.Buffer
+		require.NoError(t, pprof.Lookup("goroutine").WriteTo(&b, 1))
+		p, err := parseGoroutines(b.String())
+		require.NoError(t, err)
+		return p
+	}
+	before := profile()
+	stop, done := make(chan struct{}), make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() { parkedForSoakTest(stop); close(done) }()
+	time.Sleep(50 * time.Millisecond) // until it parks
+	after := profile()
+	assert.Positive(t, after.total)
+	grown := after.grown(before)
+	assert.Contains(t, grown, "0 → 1 in")
+	assert.Contains(t, grown, "soakbench.parkedForSoakTest")
+	assert.Equal(t, 1, strings.Count(grown, " → "), "one stack grew: %s", grown)
+	assert.Empty(t, before.grown(before))
 }
