@@ -99,7 +99,7 @@ type Mode struct {
 	// DraftPinnedMB is the draft model's weights locked in memory (the
 	// draft mode), within the same budget.
 	DraftPinnedMB float64 `json:"draft_pinned_mb,omitempty"`
-	// ModelDrafts and ModelAccepted count the draft model's verified draft
+	// ModelDrafted and ModelAccepted count the draft model's verified draft
 	// tokens and those accepted (the draft mode; the rest of the accepted
 	// tokens came from the context's drafts).
 	ModelDrafted  uint64 `json:"model_drafted,omitempty"`
