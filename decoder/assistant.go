@@ -24,8 +24,6 @@ func (d *Decoder) checkAssistant(a *Decoder) error {
 	switch {
 	case !d.opts.Spec.Enabled:
 		return fmt.Errorf("decoder: %w: an assistant drafts for local speculation, which is off", engine.ErrInvalidInput)
-	case d.branches > 1:
-		return fmt.Errorf("decoder: %w: an assistant drafts linear drafts, and token trees are on", engine.ErrInvalidInput)
 	case a.opts.Spec.Enabled:
 		return fmt.Errorf("decoder: %w: the assistant must not speculate itself", engine.ErrInvalidInput)
 	case a.model.Info().Fingerprint != d.model.Info().Fingerprint:

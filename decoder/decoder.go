@@ -142,8 +142,9 @@ type Options struct {
 	// tokenizer, kept in memory beside this one (Lever's DRAM draft): it
 	// follows the answer and drafts its own greedy continuation beside the
 	// context drafter, and at each step the cost model takes the draft with
-	// the more expected tokens per millisecond (assistant.go). Linear drafts
-	// only (Spec.TreeBudget ≤ 1); the assistant must not speculate itself.
+	// the more expected tokens per millisecond (assistant.go); with token
+	// trees its draft is a branch of the tree, merged with the context's
+	// candidates where they agree. The assistant must not speculate itself.
 	Assistant *Decoder
 	// Hedges is how many hedge branches may be live at once (hedge.go):
 	// each takes MaxPassages more KV sequences (a given Context must hold

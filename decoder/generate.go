@@ -429,18 +429,35 @@ func (d *Decoder) treeStep(ctx context.Context, choose Chooser, limit int) ([]en
 	if len(d.gen) > 0 {
 		root = d.gen[len(d.gen)-1]
 	}
-	src := d.drafter.TreeSource()
+	ctxSrc := d.drafter.TreeSource()
+	var src specdec.Source = ctxSrc
 	tree := specdec.NewTree(root)
 	tree.Finish()
 	free := func(int, int) float64 { return 1 } // grows a tree as far as the candidates go
+	// The assistant's greedy draft, when its cost model expects it to pay
+	// as a linear draft would, joins the tree as a branch of its own,
+	// merged with the context's candidates where they agree.
+	var chain []engine.Token
+	var chainPlan specdec.Plan
+	var chainMS float64
 	if depth := min(d.opts.Spec.MaxDraft, limit-1); depth > 0 {
+		if d.assist != nil && !d.nextValid {
+			if chainPlan = d.assist.Choose(0, depth); chainPlan.Gamma > 0 {
+				var err error
+				if chain, chainMS, err = d.assistantDraft(ctx, chainPlan.Gamma); err != nil {
+					return nil, err
+				}
+				chainPlan = d.assist.Plan(0, len(chain))
+				src = specdec.NewChainSource(ctxSrc, chain, d.assist.Acc.Alpha(0))
+			}
+		}
 		cost := d.cost.TreeCost
 		if d.opts.NoCostModel {
 			cost = free
 		}
 		tree = specdec.BuildTree(src, root, cost, d.opts.Spec.TreeBudget, d.branches, depth)
 	}
-	plan := d.cost.PlanTree(tree, src.MatchLen)
+	plan := d.cost.PlanTree(tree, ctxSrc.MatchLen)
 	if tree.Size() == 0 {
 		// The likeliest linear draft, shadowed: trees are weighed with
 		// the same per-bucket acceptance.
@@ -502,6 +519,13 @@ func (d *Decoder) treeStep(ctx context.Context, choose Chooser, limit int) ([]en
 		Accepted: v.Accepted, Attempted: v.Attempted,
 		Rows: len(rows) * len(d.prompts), Seqs: len(tree.Leaves) * len(d.prompts), VerifyMs: verifyMS,
 	})
+	if len(chain) > 0 {
+		// The chain's own acceptance and cost, whichever branch was
+		// taken: the verification pass is the tree's, priced above.
+		acc, att := specdec.ChainAccepted(chain, v.Emit)
+		d.assist.Observe(chainPlan, specdec.Outcome{Accepted: acc, Attempted: att, DraftMs: chainMS})
+		d.stats.CountOrigin(specdec.OriginModel, len(chain), acc)
+	}
 	return v.Emit, nil
 }
 

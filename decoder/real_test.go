@@ -169,7 +169,15 @@ func TestRealTreesArePlainDecoding(t *testing.T) {
 	fast, err := decoder.New(m, decoder.Options{MaxPassages: 2, CtxPerSeq: 512, Spec: trees, NoCostModel: true})
 	require.NoError(t, err)
 	defer fast.Close()
-	var branched uint64
+	// Trees with a draft model's branch (the same model as its own
+	// assistant: its greedy drafts are long and mostly right).
+	asst, err := decoder.New(m, decoder.Options{MaxPassages: 2, CtxPerSeq: 512})
+	require.NoError(t, err)
+	defer asst.Close()
+	assisted, err := decoder.New(m, decoder.Options{MaxPassages: 2, CtxPerSeq: 512, Spec: trees, NoCostModel: true, Assistant: asst})
+	require.NoError(t, err)
+	defer assisted.Close()
+	var branched, modelAccepted uint64
 	for i, p := range prompts {
 		for _, sp := range []sampling.Params{{}, {Temperature: 0.8, TopP: 0.95, Seed: uint64(i + 1)}} {
 			req := decoder.Request{Query: p.Query, Passages: p.Passages, MaxTokens: 24, Sampling: sp}
@@ -179,9 +187,14 @@ func TestRealTreesArePlainDecoding(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, a.Tokens, b.Tokens, "prompt %d, sampling %+v: %q", i, sp, p.Query)
 			branched += b.Spec.BranchedTrees
+			c, err := assisted.Generate(ctx, req, nil)
+			require.NoError(t, err)
+			assert.Equal(t, a.Tokens, c.Tokens, "with a draft model: prompt %d, sampling %+v: %q", i, sp, p.Query)
+			modelAccepted += c.Spec.ByOrigin[specdec.OriginModel].AcceptedTokens
 		}
 	}
 	assert.Positive(t, branched, "trees of several branches were verified")
+	assert.Positive(t, modelAccepted, "the draft model's branches were verified and taken")
 }
 
 // BenchmarkEvidence: what keeping each passage's evidence costs a local

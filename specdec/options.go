@@ -127,6 +127,13 @@ type OriginStats struct {
 // ByOrigin.
 func (s *Stats) RecordDraft(src Origin, drafted, accepted int) {
 	s.Record(drafted, accepted, src == OriginReuse)
+	s.CountOrigin(src, drafted, accepted)
+}
+
+// CountOrigin counts a draft from src under ByOrigin alone: a draft
+// model's chain verified inside a token tree, whose pass RecordTree
+// counts.
+func (s *Stats) CountOrigin(src Origin, drafted, accepted int) {
 	if drafted == 0 {
 		return
 	}

@@ -37,10 +37,12 @@ import (
 // Lever's draft model kept in memory: linear drafts from the context or
 // from a smaller model of the same tokenizer (Options.DraftModel), whose
 // weights are locked beside the target's, the cost model choosing per
-// step. Its drafts are linear: under half the target's weights the draft
-// model's memory is taken from the target's locked weights, and even its
-// linear drafts pay less than the context's (docs/BENCHMARKS.md).
-var Modes = []string{"unbudgeted", "plain", "linear", "trees", "draft"}
+// step. "trees-draft" is Lever's whole scheme: token trees from the
+// context with the draft model's greedy draft as one more branch, merged
+// with them where they agree. Under half the target's weights the draft
+// model's memory is taken from the target's locked weights
+// (docs/BENCHMARKS.md measures what that costs).
+var Modes = []string{"unbudgeted", "plain", "linear", "trees", "draft", "trees-draft"}
 
 // Options of a run.
 type Options struct {
@@ -275,7 +277,7 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// left to the page cache would be read from storage again and again.
 	var assistant *decoder.Decoder
 	var draftPinned int64
-	if o.Mode == "draft" {
+	if o.Mode == "draft" || o.Mode == "trees-draft" {
 		dm, err := llamacpp.Load(o.DraftModel, llamacpp.Options{Threads: 1, InPlace: true})
 		if err != nil {
 			return fmt.Errorf("lever: the draft model: %w", err)
@@ -382,7 +384,7 @@ func specOf(mode string) (specdec.Options, bool) {
 		return specdec.Options{}, true
 	case "linear", "draft":
 		return specdec.DefaultOptions(), true
-	case "trees":
+	case "trees", "trees-draft":
 		o := specdec.DefaultOptions()
 		o.TreeBudget = specdec.DefaultTreeBudget
 		return o, true

@@ -22,6 +22,7 @@ func TestModesSpeculate(t *testing.T) {
 		{"linear", true, 1},
 		{"trees", true, specdec.DefaultTreeBudget},
 		{"draft", true, 1},
+		{"trees-draft", true, specdec.DefaultTreeBudget},
 	} {
 		o, ok := specOf(c.mode)
 		require.True(t, ok, c.mode)

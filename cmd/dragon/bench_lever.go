@@ -20,7 +20,7 @@ func newBenchLeverCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lever",
 		Short: "A model larger than its memory budget (Lever): plain decoding, linear speculation, token trees and a draft model under a cgroup v1 memory limit, beside the same model unbudgeted",
-		Long: `Runs each mode (--modes: unbudgeted, plain, linear, trees, draft) as a process of
+		Long: `Runs each mode (--modes: unbudgeted, plain, linear, trees, draft, trees-draft) as a process of
 its own, one thread, decoding the same --n built-in prompts (one passage
 each) greedily for --max-tokens. Every budgeted mode runs inside a cgroup
 v1 memory group (/sys/fs/cgroup/memory, root) limited to --budget-mb plus
@@ -35,7 +35,9 @@ holds beside what it already uses and room to page a layer in, in the
 file's order, the token embeddings (read a row a token) never; the rest
 is read once a pass. The draft mode also keeps --draft-model locked in
 memory within the same budget (Lever's draft model) and drafts from it or
-from the context, whichever the cost model expects more of per millisecond.`,
+from the context, whichever the cost model expects more of per millisecond;
+trees-draft grows token trees from the context with the draft model's
+greedy draft as one more branch.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {

@@ -43,6 +43,11 @@ type memoryPlan struct {
 	Streamed       bool
 	Ubatch         int
 	Pinned, Window int64
+	// Draft is what a draft model (--draft-model) takes: its weights, kept
+	// in memory whole (locked when the target's are streamed), its compute
+	// and its KV for as many sequences as the target's (KV is the
+	// target's alone).
+	Draft int64
 }
 
 // planMemory sizes the decoder's context to a budget:
@@ -65,26 +70,44 @@ type memoryPlan struct {
 // of the weights are locked in memory, the rest read from the file by
 // every pass. It fails when even that cannot hold one sequence, naming the
 // least budget that can.
-func planMemory(budget int64, fp llamacpp.Footprint, ctx, maxPassages int, cache, largestLayer int64) (memoryPlan, error) {
-	compute := func(ubatch int) int64 { return int64(ubatch) * int64(fp.Vocab+fp.Heads*ctx) * 4 }
-	p := memoryPlan{Weights: fp.Weights, Compute: compute(planUbatch), Cache: cache, Ubatch: planUbatch}
+//
+// A draft model (draft.Weights > 0) is kept in memory whole beside it:
+// its weights and compute are taken from the budget first, and each
+// sequence also costs the draft's KV, since it holds the same passages.
+func planMemory(budget int64, fp, draft llamacpp.Footprint, ctx, maxPassages int, cache, largestLayer int64) (memoryPlan, error) {
+	compute := func(f llamacpp.Footprint, ubatch int) int64 { return int64(ubatch) * int64(f.Vocab+f.Heads*ctx) * 4 }
+	drafted := draft.Weights > 0
+	draftFixed := func(ubatch int) int64 {
+		if !drafted {
+			return 0
+		}
+		return draft.Weights + compute(draft, ubatch)
+	}
+	p := memoryPlan{Weights: fp.Weights, Compute: compute(fp, planUbatch), Cache: cache, Ubatch: planUbatch}
 	perSeq := int64(ctx) * fp.KVPerToken
-	if room := budget - p.Weights - p.Compute - p.Cache; room >= perSeq {
-		p.Sequences = int(min(int64(maxPassages), room/perSeq))
+	draftSeq := int64(ctx) * draft.KVPerToken
+	fits := func(fixed int64) {
+		p.Sequences = int(min(int64(maxPassages), (budget-fixed)/(perSeq+draftSeq)))
 		p.KV = int64(p.Sequences) * perSeq
+		p.Draft = draftFixed(p.Ubatch) + int64(p.Sequences)*draftSeq
+	}
+	if fixed := p.Weights + p.Compute + p.Cache + draftFixed(planUbatch); budget-fixed >= perSeq+draftSeq {
+		fits(fixed)
 		return p, nil
 	}
-	p.Streamed, p.Ubatch, p.Compute = true, streamUbatch, compute(streamUbatch)
+	p.Streamed, p.Ubatch, p.Compute = true, streamUbatch, compute(fp, streamUbatch)
 	p.Window = 2*largestLayer + streamSlack
-	room := budget - p.Compute - p.Cache - p.Window
-	if room < perSeq {
-		need := p.Compute + p.Cache + p.Window + perSeq
-		return p, fmt.Errorf("--memory-mb %d cannot hold one passage sequence even with the weights (%d MiB) streamed from the file: compute %d MiB (passes of %d tokens), --kv-cache-mb %d MiB, one sequence of --ctx %d positions %d MiB (%d bytes per position) and room for two layers' pages %d MiB; give at least --memory-mb %d, or lower --ctx or --kv-cache-mb",
-			budget>>20, mib(p.Weights), mib(p.Compute), p.Ubatch, mib(p.Cache), ctx, mib(perSeq), fp.KVPerToken, mib(p.Window), mib(need))
+	fixed := p.Compute + p.Cache + p.Window + draftFixed(streamUbatch)
+	if budget-fixed < perSeq+draftSeq {
+		var withDraft string
+		if drafted {
+			withDraft = fmt.Sprintf(", the draft model kept whole (%d MiB of weights and compute, %d MiB of KV a sequence)", mib(draftFixed(streamUbatch)), mib(draftSeq))
+		}
+		return p, fmt.Errorf("--memory-mb %d cannot hold one passage sequence even with the weights (%d MiB) streamed from the file: compute %d MiB (passes of %d tokens), --kv-cache-mb %d MiB, one sequence of --ctx %d positions %d MiB (%d bytes per position) and room for two layers' pages %d MiB%s; give at least --memory-mb %d, or lower --ctx or --kv-cache-mb",
+			budget>>20, mib(p.Weights), mib(p.Compute), p.Ubatch, mib(p.Cache), ctx, mib(perSeq), fp.KVPerToken, mib(p.Window), withDraft, mib(fixed+perSeq+draftSeq))
 	}
-	p.Sequences = int(min(int64(maxPassages), room/perSeq))
-	p.KV = int64(p.Sequences) * perSeq
-	p.Pinned = min(room-p.KV, p.Weights)
+	fits(fixed)
+	p.Pinned = min(budget-p.Compute-p.Cache-p.Window-p.KV-p.Draft, p.Weights)
 	return p, nil
 }
 

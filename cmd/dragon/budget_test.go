@@ -49,7 +49,7 @@ func TestPlanMemory(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := planMemory(c.budget, smol, 1024, c.maxPassages, c.cache, layer)
+			p, err := planMemory(c.budget, smol, llamacpp.Footprint{}, 1024, c.maxPassages, c.cache, layer)
 			if c.want == 0 {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), "cannot hold one passage sequence even with the weights (137 MiB) streamed")
@@ -74,6 +74,50 @@ func TestPlanMemory(t *testing.T) {
 			assert.Equal(t, c.budget, p.Compute+p.Cache+p.KV+p.Window+p.Pinned, "what is not spent otherwise is pinned")
 		})
 	}
+}
+
+// TestPlanMemoryWithDraft: a draft model (--draft-model) is kept whole
+// beside the target, its KV a sequence beside the target's, and a budget
+// that cannot hold it with one streamed sequence is refused with the least
+// that can, which then plans.
+func TestPlanMemoryWithDraft(t *testing.T) {
+	// A target shaped as Qwen2.5-1.5B, SmolLM2 as its draft.
+	target := llamacpp.Footprint{Weights: 1_000 << 20, KVPerToken: 28_672, Vocab: 151_936, Heads: 12}
+	const ctx, layer = 1024, 30 << 20
+	draftCompute := func(ubatch int64) int64 { return ubatch * (49_152 + 9*ctx) * 4 }
+	draftSeq := int64(ctx) * smol.KVPerToken
+	t.Run("everything fits", func(t *testing.T) {
+		p, err := planMemory(4<<30, target, smol, ctx, 4, 0, layer)
+		require.NoError(t, err)
+		assert.False(t, p.Streamed)
+		assert.Equal(t, 4, p.Sequences)
+		assert.Equal(t, smol.Weights+draftCompute(planUbatch)+4*draftSeq, p.Draft)
+		assert.LessOrEqual(t, p.Weights+p.Compute+p.Cache+p.KV+p.Draft, int64(4<<30))
+	})
+	t.Run("the target streamed beside it", func(t *testing.T) {
+		budget := int64(600 << 20)
+		p, err := planMemory(budget, target, smol, ctx, 4, 0, layer)
+		require.NoError(t, err)
+		require.True(t, p.Streamed)
+		assert.Equal(t, smol.Weights+draftCompute(streamUbatch)+int64(p.Sequences)*draftSeq, p.Draft)
+		assert.Equal(t, budget, p.Compute+p.Cache+p.KV+p.Window+p.Pinned+p.Draft, "what is not spent otherwise is pinned")
+		alone, err := planMemory(budget, target, llamacpp.Footprint{}, ctx, 4, 0, layer)
+		require.NoError(t, err)
+		assert.Less(t, p.Pinned, alone.Pinned-smol.Weights, "the draft's memory comes out of the target's pinned weights")
+	})
+	t.Run("too small for the draft", func(t *testing.T) {
+		_, err := planMemory(200<<20, target, smol, ctx, 4, 0, layer)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "the draft model kept whole")
+		var least int64
+		_, err = fmt.Sscanf(err.Error()[strings.Index(err.Error(), "at least --memory-mb "):], "at least --memory-mb %d", &least)
+		require.NoError(t, err)
+		p, err := planMemory(least<<20, target, smol, ctx, 4, 0, layer)
+		require.NoError(t, err, "the least named plans")
+		assert.Equal(t, 1, p.Sequences)
+		_, err = planMemory(200<<20, target, llamacpp.Footprint{}, ctx, 4, 0, layer)
+		assert.NoError(t, err, "without the draft it fits")
+	})
 }
 
 // cpuTree writes a fake /sys/devices/system/cpu: one cpuinfo_max_freq per

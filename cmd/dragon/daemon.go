@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -82,6 +83,10 @@ type sideFlags struct {
 	memoryMB int
 	plan     memoryPlan
 	pin      []gguf.Tensor
+	// draftModel is a smaller model of the same tokenizer kept in memory
+	// beside the model (Lever's draft model, decoder.Options.Assistant);
+	// only the device daemon registers it.
+	draftModel string
 }
 
 // daemonDefaults are a daemon's flag defaults: make run's for its side,
@@ -164,6 +169,8 @@ func (f *sideFlags) validate() error {
 		return errors.New("--closed-book and --rescore-every: the cross-encoder cannot re-score a document without text")
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
+	case f.draftModel != "" && f.noSpec:
+		return errors.New("--draft-model drafts for local speculative decoding, which --no-spec turns off")
 	case f.hedges < 0 || f.hedges > session.MaxHedges:
 		return fmt.Errorf("--hedges %d: need 0 to %d", f.hedges, session.MaxHedges)
 	case f.hedgeBelow < 0 || f.hedgeBelow > 1:
@@ -228,15 +235,40 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (make qwen fetches the default ones, make model the tests' SmolLM2)", err)
 	}
-	s := &side{model: m, close: func() { m.Close() }}
-	if f.memoryMB > 0 {
-		if err := f.fitMemory(m.Footprint(), log); err != nil {
+	// The draft model, its decoder (made below) and the model close
+	// together, after whatever else the side opened.
+	var (
+		draft     *llamacpp.Model
+		assistant *decoder.Decoder
+	)
+	closeModels := func() {
+		if assistant != nil {
+			assistant.Close()
+		}
+		if draft != nil {
+			draft.Close()
+		}
+		m.Close()
+	}
+	if f.draftModel != "" {
+		if draft, err = llamacpp.Load(f.draftModel, llamacpp.Options{Threads: f.threads, InPlace: f.memoryMB > 0}); err != nil {
 			m.Close()
+			return nil, fmt.Errorf("--draft-model: %w", err)
+		}
+	}
+	s := &side{model: m, close: closeModels}
+	if f.memoryMB > 0 {
+		var draftFP llamacpp.Footprint
+		if draft != nil {
+			draftFP = draft.Footprint()
+		}
+		if err := f.fitMemory(m.Footprint(), draftFP, log); err != nil {
+			closeModels()
 			return nil, err
 		}
 		if f.plan.Streamed {
 			if err := f.streamWeights(log); err != nil {
-				m.Close()
+				closeModels()
 				return nil, err
 			}
 		}
@@ -245,7 +277,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	if f.index != "" {
 		ix, closeIx, err := openSearcher(f.index, m, f.threads, f.writableIndex)
 		if err != nil {
-			m.Close()
+			closeModels()
 			return nil, fmt.Errorf("%w (make index-qwen builds the default ones, make index SmolLM2's; --index '' serves without retrieval)", err)
 		}
 		if r, ok := ix.(*retrieval.RemoteIndex); ok {
@@ -254,7 +286,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 		if w, ok := ix.(*retrieval.Index); ok && f.writableIndex {
 			s.index = w
 		}
-		s.close = func() { closeIx(); m.Close() }
+		s.close = func() { closeIx(); closeModels() }
 		if f.rerankModel != "" {
 			rr, closeRR, err := openReranker(f.rerankModel, f.threads)
 			if err != nil {
@@ -263,7 +295,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 			}
 			reranker = rr
 			ix = &rerank.Searcher{Inner: ix, Reranker: rr, Candidates: f.rerankCandidates}
-			s.close = func() { closeRR(); closeIx(); m.Close() }
+			s.close = func() { closeRR(); closeIx(); closeModels() }
 			log.Info("re-ranking", "model", rr.Name(), "candidates", f.rerankCandidates)
 		}
 		s.retriever = session.IndexRetriever{Index: ix, Mode: mode}
@@ -282,6 +314,17 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 	}
 	if !f.noSpec {
 		s.decoder.Spec = specdec.DefaultOptions()
+	}
+	if draft != nil {
+		// It holds the same passages (decoder.checkAssistant), in passes
+		// as large as the model's.
+		assistant, err = decoder.New(draft, decoder.Options{MaxPassages: s.decoder.MaxPassages, CtxPerSeq: f.ctxPerSeq, Threads: f.threads, BatchSize: s.decoder.BatchSize})
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("--draft-model: %w", err)
+		}
+		s.decoder.Assistant = assistant
+		log.Info("drafting also from a draft model", "draft_model", f.draftModel, "weights_mb", mib(draft.Footprint().Weights))
 	}
 	if f.profile != "" {
 		p, err := profiler.Load(f.profile)
@@ -309,7 +352,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 
 // fitMemory lowers --max-passages (and --passages with it) to what
 // --memory-mb holds, or fails when it cannot hold one sequence.
-func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
+func (f *sideFlags) fitMemory(fp, draft llamacpp.Footprint, log *slog.Logger) error {
 	// Each hedge branch takes a sequence per passage.
 	per, extra := 1+f.hedges, f.closedBookSeqs()
 	tensors, err := gguf.Tensors(f.model)
@@ -317,7 +360,7 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 		return err
 	}
 	_, layer := residency.Plan(tensors, 0)
-	p, err := planMemory(int64(f.memoryMB)<<20, fp, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20, layer)
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, draft, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20, layer)
 	if err != nil {
 		return err
 	}
@@ -334,7 +377,7 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 		f.passages = min(f.passages, f.maxPassages)
 	}
 	log.Info("memory budget", "memory_mb", f.memoryMB, "weights_mb", mib(p.Weights), "compute_mb", mib(p.Compute),
-		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "sequences", p.Sequences, "ctx", f.ctxPerSeq, "streamed", p.Streamed)
+		"kv_cache_mb", mib(p.Cache), "context_kv_mb", mib(p.KV), "draft_model_mb", mib(p.Draft), "sequences", p.Sequences, "ctx", f.ctxPerSeq, "streamed", p.Streamed)
 	return nil
 }
 
@@ -350,6 +393,21 @@ func (f *sideFlags) fitMemory(fp llamacpp.Footprint, log *slog.Logger) error {
 func (f *sideFlags) streamWeights(log *slog.Logger) error {
 	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
 		return err
+	}
+	if f.draftModel != "" {
+		// Every draft token reads the whole draft model: a part of it left
+		// to the page cache would be read from the file again and again,
+		// beside the model's streamed layers.
+		tensors, err := gguf.Tensors(f.draftModel)
+		if err != nil {
+			return fmt.Errorf("--draft-model: %w", err)
+		}
+		all, _ := residency.Plan(tensors, math.MaxInt64)
+		if d, err := residency.Pin(f.draftModel, all); err != nil {
+			log.Warn("--memory-mb: the draft model is not locked in memory", "err", err)
+		} else {
+			log.Info("--memory-mb: the draft model is locked in memory", "pinned_mb", mib(d.Bytes))
+		}
 	}
 	p, err := residency.Pin(f.model, f.pin)
 	if err != nil {

@@ -71,6 +71,9 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 			if idleUnload < 0 {
 				return fmt.Errorf("--idle-unload %v: need 0 (never) or more", idleUnload)
 			}
+			if idleUnload > 0 && f.draftModel != "" {
+				return fmt.Errorf("--idle-unload %v with --draft-model: the model loaded back after idling would draft alone; leave one of them off", idleUnload)
+			}
 			if historyTokens < 0 || (historyFile != "" && historyTokens == 0) {
 				return fmt.Errorf("--history-tokens %d, --history-file %q: a file needs a store of 1 token or more", historyTokens, historyFile)
 			}
@@ -211,6 +214,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
 	fs.StringArrayVar(&watch, "watch", nil, "keep this folder's files in the index: new, changed and removed files within seconds, and what changed while the daemon was down (repeatable)")
 	fs.IntVar(&historyTokens, "history-tokens", 0, "local speculative decoding also drafts from this device's earlier answers, up to this many tokens of them (kept on the device, never sent; 0: off)")
+	fs.StringVar(&f.draftModel, "draft-model", "", "local speculative decoding also drafts from this smaller model of the same tokenizer, kept in memory (Lever's draft model; with --memory-mb counted in the budget, and locked when the model is streamed); the cost model takes its draft when it expects more tokens per millisecond from it (empty: none)")
 	fs.StringVar(&historyFile, "history-file", "", "with --history-tokens: keep the earlier answers in this file across restarts (read at start, written at a clean stop)")
 	fs.IntVar(&maxQueue, "max-queue", 4, "generations that may wait while one is generated (the page and an app asking at once); beyond, refused with a time to retry after (0: none)")
 	fs.DurationVar(&queueTimeout, "queue-timeout", 2*time.Minute, "longest wait in that queue")
