@@ -62,7 +62,11 @@ type Options struct {
 	Pin bool
 	// Advice is the madvise of the model's mapping in budgeted modes.
 	Advice residency.Advice
-	Log    func(format string, args ...any)
+	// Readers > 0 reads each layer's unpinned weights ahead of it with
+	// that many threads (llamacpp.Prefetch) in budgeted modes; 0 leaves
+	// them to the pass's page faults.
+	Readers int
+	Log     func(format string, args ...any)
 }
 
 // Report is what dragon bench lever --json prints.
@@ -98,6 +102,8 @@ type Mode struct {
 	TTFTMS    float64 `json:"ttft_ms_median"`
 	// PinnedMB is the target's weights locked in memory (Options.Pin).
 	PinnedMB float64 `json:"pinned_mb"`
+	// Readers read the rest ahead of each layer (Options.Readers).
+	Readers int `json:"readers,omitempty"`
 	// DraftPinnedMB is the draft model's weights locked in memory (the
 	// draft mode), within the same budget.
 	DraftPinnedMB float64 `json:"draft_pinned_mb,omitempty"`
@@ -108,6 +114,9 @@ type Mode struct {
 	ModelAccepted uint64 `json:"model_accepted,omitempty"`
 	// Advice is the madvise the model's mapping had.
 	Advice residency.Advice `json:"advice"`
+	// Refused says why the mode could not run within the budget (its
+	// other figures are then empty).
+	Refused string `json:"refused,omitempty"`
 }
 
 // childResult is what one child prints last.
@@ -140,6 +149,9 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		if o.Log != nil {
 			o.Log("lever: %s: %+v", mode, res.Mode)
 		}
+		if res.Mode.Refused != "" {
+			continue
+		}
 		if ref == nil {
 			ref = res.Outputs
 			continue
@@ -167,7 +179,7 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 	}
 	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--draft-model", o.DraftModel, "--corpus", o.Corpus,
 		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
-		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--advice", string(o.Advice)}
+		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--readers", strconv.Itoa(o.Readers), "--advice", string(o.Advice)}
 	if mode == "unbudgeted" {
 		argv[len(argv)-1] = string(residency.AdviceNormal)
 	}
@@ -246,6 +258,7 @@ type ChildOptions struct {
 	BudgetMB int
 	Pin      bool
 	Advice   residency.Advice
+	Readers  int
 }
 
 // pinSlack is memory the child keeps free of pinned weights for what it
@@ -310,20 +323,22 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// Passes of at most 64 tokens, as a device streaming its weights
 	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
 	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
-	d, err := decoder.New(m, decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant})
+	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant}
+	d, err := decoder.New(m, dopts)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { d.Close() }()
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
 	}
 	res.Mode.Advice = o.Advice
+	tensors, err := gguf.Tensors(o.Model)
+	if err != nil {
+		return err
+	}
+	var pin []gguf.Tensor
 	if o.Pin {
-		tensors, err := gguf.Tensors(o.Model)
-		if err != nil {
-			return err
-		}
 		anon, err := procStatus("RssAnon")
 		if err != nil {
 			return err
@@ -331,16 +346,37 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		_, layer := residency.Plan(tensors, 0)
 		room := int64((float64(o.BudgetMB)+baseline-anon)*(1<<20)) - draftPinned - 2*layer - pinSlack
 		if room < 0 && draftPinned > 0 {
-			return fmt.Errorf("lever: a budget of %d MiB cannot hold the draft model's %.0f MiB beside the target's least (two layers' pages and %d MiB); the least is %.0f MiB",
-				o.BudgetMB, mb(draftPinned), pinSlack>>20, float64(o.BudgetMB)-mb(room))
+			// A result, not a failure: the run's other modes stand.
+			return json.NewEncoder(out).Encode(childResult{Mode: Mode{Refused: fmt.Sprintf(
+				"a budget of %d MiB cannot hold the draft model's %.0f MiB beside the target's least (two layers' pages and %d MiB); the least is %.0f MiB",
+				o.BudgetMB, mb(draftPinned), pinSlack>>20, float64(o.BudgetMB)-mb(room))}})
 		}
-		pin, _ := residency.Plan(tensors, room)
+		pin, _ = residency.Plan(tensors, room)
 		p, err := residency.Pin(o.Model, pin)
 		if err != nil {
 			return err
 		}
 		defer p.Unpin()
 		res.Mode.PinnedMB = mb(p.Bytes)
+	}
+	if o.Readers > 0 && o.Mode != "unbudgeted" {
+		// What the pin left to storage is read ahead of each layer. A
+		// context takes its readers when it is made: the decoder is made
+		// again, on the same KV and compute sizes, keeping the pass costs
+		// it measured.
+		var ranges []llamacpp.PrefetchRange
+		for _, r := range residency.Reads(tensors, pin, m.Layers()) {
+			ranges = append(ranges, llamacpp.PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
+		}
+		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: ranges, Readers: o.Readers}); err != nil {
+			return err
+		}
+		dopts.VerifyTable = d.VerifyTable().Clone()
+		d.Close()
+		if d, err = decoder.New(m, dopts); err != nil {
+			return err
+		}
+		res.Mode.Readers = o.Readers
 	}
 	var tokens, steps int
 	var decodeMS, readBytes float64

@@ -42,7 +42,7 @@ greedy draft as one more branch.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
 				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
-					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice})
+					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice, Readers: o.Readers})
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -67,6 +67,7 @@ greedy draft as one more branch.`,
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
 	f.BoolVar(&o.Pin, "pin", true, "lock the part of the weights the budget holds (every pass reads the rest from storage once); false leaves it to the kernel's LRU")
 	f.StringVar((*string)(&o.Advice), "advice", string(residency.AdviceSequential), "madvise of the model's mapping under the budget: normal, sequential or random")
+	f.IntVar(&o.Readers, "readers", 0, "threads that read each layer's unpinned weights ahead of it under the budget (0: the pass's page faults read them)")
 	f.StringVar(&child, "child", "", "run one mode as the child of a run (internal)")
 	_ = f.MarkHidden("child")
 	f.Bool("json", true, "print the report as JSON (always)")

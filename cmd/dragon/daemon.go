@@ -83,6 +83,10 @@ type sideFlags struct {
 	memoryMB int
 	plan     memoryPlan
 	pin      []gguf.Tensor
+	// streamReaders read a streamed model's layers ahead of the pass
+	// (llamacpp.Prefetch); 0 leaves them to its page faults. Only the
+	// device daemon registers it.
+	streamReaders int
 	// draftModel is a smaller model of the same tokenizer kept in memory
 	// beside the model (Lever's draft model, decoder.Options.Assistant);
 	// only the device daemon registers it.
@@ -169,6 +173,8 @@ func (f *sideFlags) validate() error {
 		return errors.New("--closed-book and --rescore-every: the cross-encoder cannot re-score a document without text")
 	case f.memoryMB < 0:
 		return fmt.Errorf("--memory-mb %d: need 0 (no budget) or more", f.memoryMB)
+	case f.streamReaders < 0:
+		return fmt.Errorf("--stream-readers %d: need 0 (the pass's page faults read the weights) or more", f.streamReaders)
 	case f.draftModel != "" && f.noSpec:
 		return errors.New("--draft-model drafts for local speculative decoding, which --no-spec turns off")
 	case f.hedges < 0 || f.hedges > session.MaxHedges:
@@ -267,7 +273,7 @@ func (f *sideFlags) load(log *slog.Logger) (*side, error) {
 			return nil, err
 		}
 		if f.plan.Streamed {
-			if err := f.streamWeights(log); err != nil {
+			if err := f.streamWeights(m, log); err != nil {
 				closeModels()
 				return nil, err
 			}
@@ -390,7 +396,7 @@ func (f *sideFlags) fitMemory(fp, draft llamacpp.Footprint, log *slog.Logger) er
 // the mapping, when the model is closed or unloaded while idle
 // (--idle-unload, which a streamed device should leave off: the model
 // loaded back is not pinned).
-func (f *sideFlags) streamWeights(log *slog.Logger) error {
+func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
 		return err
 	}
@@ -409,13 +415,32 @@ func (f *sideFlags) streamWeights(log *slog.Logger) error {
 			log.Info("--memory-mb: the draft model is locked in memory", "pinned_mb", mib(d.Bytes))
 		}
 	}
+	pinned := f.pin
 	p, err := residency.Pin(f.model, f.pin)
 	if err != nil {
 		log.Warn("--memory-mb: the weights are streamed, none of them locked in memory", "err", err)
+		pinned = nil
+	} else {
+		log.Info("--memory-mb: the weights are streamed from the file", "weights_mb", mib(f.plan.Weights), "pinned_mb", mib(p.Bytes),
+			"pinned_tensors", len(f.pin), "pass_tokens", f.plan.Ubatch)
+	}
+	if f.streamReaders == 0 {
 		return nil
 	}
-	log.Info("--memory-mb: the weights are streamed from the file", "weights_mb", mib(f.plan.Weights), "pinned_mb", mib(p.Bytes),
-		"pinned_tensors", len(f.pin), "pass_tokens", f.plan.Ubatch)
+	// What stays in the file is read ahead of each layer by a few
+	// threads, not by the pass's page faults one readahead at a time.
+	tensors, err := gguf.Tensors(f.model)
+	if err != nil {
+		return err
+	}
+	var ranges []llamacpp.PrefetchRange
+	for _, r := range residency.Reads(tensors, pinned, m.Layers()) {
+		ranges = append(ranges, llamacpp.PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
+	}
+	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: ranges, Readers: f.streamReaders}); err != nil {
+		return fmt.Errorf("--stream-readers: %w", err)
+	}
+	log.Info("--memory-mb: the streamed layers are read ahead", "readers", f.streamReaders, "ranges", len(ranges))
 	return nil
 }
 

@@ -101,6 +101,7 @@ type Model struct {
 	vocab    *C.struct_llama_vocab
 	closed   bool
 	contexts atomic.Int32 // open contexts, which Unload waits out
+	prefetch atomic.Pointer[Prefetch]
 }
 
 // Footprint is what a model costs in memory, for sizing contexts to a
@@ -509,14 +510,23 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 	case opts.Embeddings:
 		embeddings = 1
 	}
+	var stream *C.dragon_stream
+	if embeddings == 0 {
+		var err error
+		if stream, err = m.newStream(); err != nil {
+			return nil, err
+		}
+	}
 	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize), C.uint32_t(ubatch),
-		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), embeddings, cbool(unified))
+		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), embeddings, cbool(unified), stream)
 	if cc == nil {
+		C.dragon_stream_free(stream)
 		return nil, fmt.Errorf("llamacpp: could not create a context of %d cells for %d sequences", cells, opts.MaxSeqs)
 	}
 	c := &Context{
 		model:   m,
 		c:       cc,
+		stream:  stream,
 		lc:      C.dragon_ctx_llama(cc),
 		opts:    opts,
 		unified: unified,
@@ -538,6 +548,7 @@ func cbool(b bool) C.int {
 
 // Context is a llama.cpp decoding context.
 type Context struct {
+	stream  *C.dragon_stream // owned by c; nil without a Prefetch
 	model   *Model
 	c       *C.dragon_ctx
 	done    *os.File // the end of each pass (an eventfd the worker writes)

@@ -34,6 +34,7 @@ struct dragon_ctx {
     bool quit;
     int done;     // eventfd, written once per finished pass (Go owns it)
     atomic_int result;
+    dragon_stream *stream; // reads a streamed model's layers ahead; owned
 };
 
 // How often a one-thread pass yields its core: a message that arrives
@@ -92,7 +93,7 @@ static void *dragon_worker(void *arg) {
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                            uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings,
-                           int unified) {
+                           int unified, dragon_stream *stream) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -111,6 +112,10 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     // prefilled whole; the plain path does (docs/DESIGN-NOTES.md).
     p.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
     p.no_perf = true;
+    if (stream != NULL) {
+        p.cb_eval = dragon_stream_eval;
+        p.cb_eval_user_data = stream;
+    }
 
     dragon_ctx *c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -143,6 +148,7 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     atomic_init(&c->abort, 0);
     c->yield = n_threads == 1;
     llama_set_abort_callback(c->ctx, dragon_abort_cb, c);
+    c->stream = stream;
     return c;
 }
 
@@ -159,6 +165,7 @@ void dragon_ctx_free(dragon_ctx *c) {
     pthread_mutex_destroy(&c->mu);
     llama_batch_free(c->batch);
     llama_free(c->ctx);
+    dragon_stream_free(c->stream);
     free(c);
 }
 

@@ -40,6 +40,34 @@ func TestPlan(t *testing.T) {
 	assert.Equal(t, []string{"token_embd.weight"}, names(pin))
 }
 
+func TestReads(t *testing.T) {
+	// File order as Qwen2.5's: the output first, then the layers by name.
+	at := int64(0)
+	tensor := func(name string, size int64) gguf.Tensor {
+		t := gguf.Tensor{Name: name, Offset: at, Size: size}
+		at += size
+		return t
+	}
+	untied := []gguf.Tensor{
+		tensor("output.weight", 150), tensor("token_embd.weight", 100),
+		tensor("blk.0.attn_q.weight", 10), tensor("blk.0.ffn_up.weight", 20),
+		tensor("blk.1.attn_q.weight", 10), tensor("blk.1.ffn_up.weight", 20),
+		tensor("blk.10.attn_q.weight", 10), tensor("blk.10.ffn_up.weight", 20),
+		tensor("blk.2.attn_q.weight", 10), tensor("blk.2.ffn_up.weight", 20),
+		tensor("output_norm.weight", 1),
+	}
+	pinned := []gguf.Tensor{untied[0], untied[2], untied[5]}
+	assert.Equal(t, []Read{
+		{Layer: 0, Off: 260, Size: 20},  // blk.0's unpinned half
+		{Layer: 1, Off: 280, Size: 10},  // blk.1's
+		{Layer: 2, Off: 340, Size: 30},  // blk.2, merged, before blk.10 though after it in the file
+		{Layer: 10, Off: 310, Size: 30}, // blk.10
+		{Layer: 11, Off: 370, Size: 1},  // the output norm, after the last layer
+	}, Reads(untied, pinned, 11), "the embeddings, read a row a token, are not a pass's read")
+	assert.Equal(t, []Read{{Layer: 0, Off: 250, Size: 10}, {Layer: 11, Off: 150, Size: 100}}, Reads(untied[1:3], nil, 11),
+		"tied (no output.weight): the embeddings are the output, read in full after the last layer")
+}
+
 // vmLocked is this process's locked memory (VmLck), in bytes.
 func vmLocked(t *testing.T) int64 {
 	kb, err := procstatus.KB(procstatus.Self, "VmLck")
