@@ -324,11 +324,24 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
 	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
 	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant}
-	d, err := decoder.New(m, dopts)
+	// A decoder that measures nothing sizes the context (its KV and
+	// compute buffers) first, so that what the budget leaves to locked
+	// weights is measured beside it. The one that decodes is made after
+	// the pin and the readers: the pass costs its cost model starts from
+	// (ProfileVerify) are then those it will pay. Measured before them, on
+	// a cold file, multi-row passes priced at several times a warm one-row
+	// pass kept speculation off for whole runs.
+	probeOpts := dopts
+	probeOpts.NoCostModel, probeOpts.Assistant = true, nil
+	probe, err := decoder.New(m, probeOpts)
 	if err != nil {
 		return err
 	}
-	defer func() { d.Close() }()
+	defer func() {
+		if probe != nil {
+			probe.Close()
+		}
+	}()
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
 	}
@@ -360,10 +373,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		res.Mode.PinnedMB = mb(p.Bytes)
 	}
 	if o.Readers > 0 && o.Mode != "unbudgeted" {
-		// What the pin left to storage is read ahead of each layer. A
-		// context takes its readers when it is made: the decoder is made
-		// again, on the same KV and compute sizes, keeping the pass costs
-		// it measured.
+		// What the pin left to storage is read ahead of each layer (by
+		// the contexts made from here on).
 		var ranges []llamacpp.PrefetchRange
 		for _, r := range residency.Reads(tensors, pin, m.Layers()) {
 			ranges = append(ranges, llamacpp.PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
@@ -371,13 +382,15 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: ranges, Readers: o.Readers}); err != nil {
 			return err
 		}
-		dopts.VerifyTable = d.VerifyTable().Clone()
-		d.Close()
-		if d, err = decoder.New(m, dopts); err != nil {
-			return err
-		}
 		res.Mode.Readers = o.Readers
 	}
+	probe.Close()
+	probe = nil
+	d, err := decoder.New(m, dopts)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
 	var tokens, steps int
 	var decodeMS, readBytes float64
 	var ttft []float64
