@@ -13,13 +13,14 @@ import (
 	"github.com/dragon-rag/dragon/engine"
 )
 
-// Prefetch reads a streamed model's weights ahead of the layer that needs
-// them (stream.c). Under a memory budget smaller than the weights every
-// pass reads the unpinned layers from storage again; left to the page
-// faults of the pass, one readahead at a time, those reads ran at 0.6
-// GB/s on storage that gives 1.3 GB/s to several reads at once. With a
-// Prefetch, Readers threads read layer l+1's ranges into the page cache
-// while layer l runs, and layer l waits for its own.
+// Prefetch reads a streamed model's weights before the layer that needs
+// them faults on them (stream.c). Under a memory budget smaller than the
+// weights every pass reads the unpinned layers from storage again; left
+// to the page faults of the pass, one readahead at a time, those reads
+// ran at 0.6 GB/s on storage that gives 1.3 GB/s to several reads at once.
+// With a Prefetch, at the start of each layer Readers threads read its
+// ranges into the page cache in large chunks, and the layer runs once
+// they are in.
 type Prefetch struct {
 	// Ranges are the file's bytes each pass reads, each by the layer that
 	// reads it, in layer order; Layer equal to the model's layer count is

@@ -157,7 +157,7 @@ void dragon_stream_free(dragon_stream *s) {
     free(s);
 }
 
-// queue_locked queues layers up to and including l (once each per pass).
+// queue_locked queues layers up to and including l (once each per graph).
 static void queue_locked(dragon_stream *s, int32_t l) {
     for (; s->queued <= l && s->queued <= s->n_layers; s->queued++) {
         int32_t q = s->queued;
@@ -201,14 +201,18 @@ bool dragon_stream_eval(struct ggml_tensor *t, bool ask, void *data) {
     if (ask || l < 0) {
         return l >= 0;
     }
-    // Layer l is about to run: the next is read while it does, and it
-    // waits for its own reads. Every graph (a pass, or one ubatch of a
-    // long prefill) starts at layer 0 and reads the layers anew.
+    // Layer l is about to run: its reads are queued, and it waits for
+    // them. Not the next layer's too, while this one runs: pages read into
+    // the cache and not yet mapped are the first the budget's reclaim
+    // takes, and with a layer read ahead, token trees and a draft model
+    // (less room) had each pass read its layers about twice (bench lever,
+    // docs/BENCHMARKS.md). Every graph (a pass, or one ubatch of a long
+    // prefill) starts at layer 0 and reads the layers anew.
     pthread_mutex_lock(&s->mu);
     if (l == 0) {
         reset_locked(s);
     }
-    queue_locked(s, l + 1);
+    queue_locked(s, l);
     while (s->pending[l] > 0 && s->queued > l) {
         pthread_cond_wait(&s->done, &s->mu);
     }

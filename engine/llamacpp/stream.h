@@ -1,10 +1,10 @@
-// Reading a streamed model's weights ahead of the layer that needs them
-// (stream.c): with a memory budget smaller than the weights, every pass
-// reads the unpinned layers from storage again. Left to page faults, one
-// fault's readahead at a time, that ran at 0.6 GB/s on the VMs whose
-// storage gives 1.3 GB/s to several reads at once; here a few reader
-// threads read layer l+1 into the page cache, in large chunks, while
-// layer l runs, and layer l waits for its own reads.
+// Reading a streamed model's weights before the layer that needs them
+// faults on them (stream.c): with a memory budget smaller than the
+// weights, every pass reads the unpinned layers from storage again. Left
+// to page faults, one fault's readahead at a time, that ran at 0.6 GB/s on
+// VMs whose storage gives 1.3 GB/s to several reads at once; here, at the
+// start of each layer, a few reader threads read its unpinned ranges into
+// the page cache in large chunks, and the layer runs once they are in.
 #ifndef DRAGON_STREAM_H
 #define DRAGON_STREAM_H
 
@@ -24,7 +24,7 @@ void dragon_stream_free(dragon_stream *s);
 
 // dragon_stream_eval is a ggml_backend_sched_eval_callback (user data: the
 // stream): it splits the graph at each layer's first node and, there,
-// queues the next layer's reads and waits for the layer's own.
+// has the layer's reads done.
 bool dragon_stream_eval(struct ggml_tensor *t, bool ask, void *data);
 
 // dragon_stream_read_bytes is how much the readers have read (whole
