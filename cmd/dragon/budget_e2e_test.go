@@ -88,5 +88,10 @@ func TestStreamedWeightsAnswerAlike(t *testing.T) {
 	t.Logf("pinned %d MiB of %d; the group's peak %d MiB of %d", mb, weightsMB, peak>>20, budgetMB+ownMB)
 	assert.GreaterOrEqual(t, peak, int64(budgetMB+ownMB-4)<<20, "the daemon reached the limit: the weights did not all stay")
 	assert.Zero(t, group.OOMKills(), "nothing was killed at the limit")
-	assert.LessOrEqual(t, peak, int64(budgetMB+ownMB)<<20)
+	// The kernel enforces the limit, but charges what may not fail (page
+	// tables, some kernel allocations) past it rather than fail it, and
+	// the peak records those: once one page over, under -race with the
+	// layers' readers on (make test, 2026-12-07).
+	const forced = 64 << 10
+	assert.LessOrEqual(t, peak, int64(budgetMB+ownMB)<<20+forced)
 }
