@@ -83,9 +83,9 @@ type sideFlags struct {
 	memoryMB int
 	plan     memoryPlan
 	pin      []gguf.Tensor
-	// streamReaders read a streamed model's layers ahead of the pass
-	// (llamacpp.Prefetch); 0 leaves them to its page faults. Only the
-	// device daemon registers it.
+	// streamReaders read each layer of a streamed model as it starts, in
+	// large reads (llamacpp.Prefetch); 0 leaves them to the pass's page
+	// faults. Only the device daemon registers it.
 	streamReaders int
 	// draftModel is a smaller model of the same tokenizer kept in memory
 	// beside the model (Lever's draft model, decoder.Options.Assistant);
