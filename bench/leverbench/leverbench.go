@@ -300,12 +300,7 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			return fmt.Errorf("lever: the draft model: %w", err)
 		}
 		defer assistant.Close()
-		tensors, err := gguf.Tensors(o.DraftModel)
-		if err != nil {
-			return err
-		}
-		all, _ := residency.Plan(tensors, 1<<62)
-		p, err := residency.Pin(o.DraftModel, all)
+		p, err := residency.PinWhole(o.DraftModel)
 		if err != nil {
 			return fmt.Errorf("lever: the draft model: %w", err)
 		}
@@ -375,11 +370,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	if o.Readers > 0 && o.Mode != "unbudgeted" {
 		// What the pin left to storage is read ahead of each layer (by
 		// the contexts made from here on).
-		var ranges []llamacpp.PrefetchRange
-		for _, r := range residency.Reads(tensors, pin, m.Layers()) {
-			ranges = append(ranges, llamacpp.PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
-		}
-		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: ranges, Readers: o.Readers}); err != nil {
+		reads := residency.Reads(tensors, pin, m.Layers())
+		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: o.Readers}); err != nil {
 			return err
 		}
 		res.Mode.Readers = o.Readers

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -404,12 +403,7 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 		// Every draft token reads the whole draft model: a part of it left
 		// to the page cache would be read from the file again and again,
 		// beside the model's streamed layers.
-		tensors, err := gguf.Tensors(f.draftModel)
-		if err != nil {
-			return fmt.Errorf("--draft-model: %w", err)
-		}
-		all, _ := residency.Plan(tensors, math.MaxInt64)
-		if d, err := residency.Pin(f.draftModel, all); err != nil {
+		if d, err := residency.PinWhole(f.draftModel); err != nil {
 			log.Warn("--memory-mb: the draft model is not locked in memory", "err", err)
 		} else {
 			log.Info("--memory-mb: the draft model is locked in memory", "pinned_mb", mib(d.Bytes))
@@ -433,14 +427,11 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var ranges []llamacpp.PrefetchRange
-	for _, r := range residency.Reads(tensors, pinned, m.Layers()) {
-		ranges = append(ranges, llamacpp.PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
-	}
-	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: ranges, Readers: f.streamReaders}); err != nil {
+	reads := residency.Reads(tensors, pinned, m.Layers())
+	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: f.streamReaders}); err != nil {
 		return fmt.Errorf("--stream-readers: %w", err)
 	}
-	log.Info("--memory-mb: the streamed layers are read ahead", "readers", f.streamReaders, "ranges", len(ranges))
+	log.Info("--memory-mb: the streamed layers are read ahead", "readers", f.streamReaders, "ranges", len(reads))
 	return nil
 }
 

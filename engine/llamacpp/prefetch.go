@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/dragon-rag/dragon/engine"
+	"github.com/dragon-rag/dragon/engine/residency"
 )
 
 // Prefetch reads a streamed model's weights before the layer that needs
@@ -23,16 +24,11 @@ import (
 // they are in.
 type Prefetch struct {
 	// Ranges are the file's bytes each pass reads, each by the layer that
-	// reads it, in layer order; Layer equal to the model's layer count is
-	// what runs after the last layer (the output head).
-	Ranges  []PrefetchRange
+	// reads it, in layer order (residency.Reads); Layer equal to the
+	// model's layer count is what runs after the last layer (the output
+	// head).
+	Ranges  []residency.Read
 	Readers int
-}
-
-// PrefetchRange is one range of the model file that a layer reads.
-type PrefetchRange struct {
-	Layer     int
-	Off, Size int64
 }
 
 // Layers is the model's transformer layer count.

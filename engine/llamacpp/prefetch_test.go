@@ -24,17 +24,16 @@ func TestPrefetchReadsEveryLayerAheadAndChangesNoLogit(t *testing.T) {
 	t.Cleanup(func() { m.Close() })
 	tensors, err := gguf.Tensors(path)
 	require.NoError(t, err)
-	var ranges []PrefetchRange
+	ranges := residency.Reads(tensors, nil, m.Layers())
 	var perPass int64
-	for _, r := range residency.Reads(tensors, nil, m.Layers()) {
-		ranges = append(ranges, PrefetchRange{Layer: r.Layer, Off: r.Off, Size: r.Size})
+	for _, r := range ranges {
 		perPass += r.Size
 	}
 	require.NotEmpty(t, ranges)
 
 	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 0}), "no readers")
-	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []PrefetchRange{{Layer: 2, Size: 1}, {Layer: 1, Size: 1}}, Readers: 1}), "out of layer order")
-	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []PrefetchRange{{Layer: m.Layers() + 1, Size: 1}}, Readers: 1}), "no such layer")
+	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: 2, Size: 1}, {Layer: 1, Size: 1}}, Readers: 1}), "out of layer order")
+	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: m.Layers() + 1, Size: 1}}, Readers: 1}), "no such layer")
 	require.NoError(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 3}))
 
 	opts := engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64}

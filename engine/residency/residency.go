@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,6 +106,18 @@ func Pin(path string, tensors []gguf.Tensor) (*Pinned, error) {
 		p.Bytes += int64(end - start)
 	}
 	return p, nil
+}
+
+// PinWhole locks every tensor of path that a pass reads in full (all but
+// token embeddings the output does not share): a draft model, every
+// token of which reads it whole.
+func PinWhole(path string) (*Pinned, error) {
+	tensors, err := gguf.Tensors(path)
+	if err != nil {
+		return nil, err
+	}
+	all, _ := Plan(tensors, math.MaxInt64)
+	return Pin(path, all)
 }
 
 // Unpin unlocks what Pin locked.
