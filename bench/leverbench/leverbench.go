@@ -337,6 +337,16 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			probe.Close()
 		}
 	}()
+	if o.Advice == "" {
+		// As the device does: with the layers streamed through buffers,
+		// the mapping's faults are the odd small tensor and embedding row,
+		// and a readahead around them would read the layers' big tensors
+		// into the page cache beside the buffers.
+		o.Advice = residency.AdviceSequential
+		if o.Readers > 0 {
+			o.Advice = residency.AdviceRandom
+		}
+	}
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
 	}
@@ -367,17 +377,19 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		defer p.Unpin()
 		res.Mode.PinnedMB = mb(p.Bytes)
 	}
+	// Its context goes before the model's prefetch is set: a model
+	// streams into the buffers of every context or of none.
+	probe.Close()
+	probe = nil
 	if o.Readers > 0 && o.Mode != "unbudgeted" {
-		// What the pin left to storage is read ahead of each layer (by
-		// the contexts made from here on).
+		// What the pin left to storage is streamed through the layer
+		// buffers of the contexts made from here on.
 		reads := residency.Reads(tensors, pin, m.Layers())
 		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: o.Readers}); err != nil {
 			return err
 		}
 		res.Mode.Readers = o.Readers
 	}
-	probe.Close()
-	probe = nil
 	d, err := decoder.New(m, dopts)
 	if err != nil {
 		return err

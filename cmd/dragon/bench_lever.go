@@ -7,7 +7,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/dragon-rag/dragon/bench/leverbench"
-	"github.com/dragon-rag/dragon/engine/residency"
 )
 
 func init() { benchCommands = append(benchCommands, newBenchLeverCmd) }
@@ -66,8 +65,8 @@ greedy draft as one more branch.`,
 	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
 	f.BoolVar(&o.Pin, "pin", true, "lock the part of the weights the budget holds (every pass reads the rest from storage once); false leaves it to the kernel's LRU")
-	f.StringVar((*string)(&o.Advice), "advice", string(residency.AdviceSequential), "madvise of the model's mapping under the budget: normal, sequential or random")
-	f.IntVar(&o.Readers, "readers", 0, "threads that read each layer's unpinned weights ahead of it under the budget (0: the pass's page faults read them)")
+	f.StringVar((*string)(&o.Advice), "advice", "", "madvise of the model's mapping under the budget: normal, sequential or random (default: random with --readers, sequential without, as the device)")
+	f.IntVar(&o.Readers, "readers", 4, "threads that read each layer's unpinned weights into a layer buffer under the budget, as the device's --stream-readers (0: the pass's page faults read them)")
 	f.StringVar(&child, "child", "", "run one mode as the child of a run (internal)")
 	_ = f.MarkHidden("child")
 	f.Bool("json", true, "print the report as JSON (always)")

@@ -74,7 +74,7 @@ func TestStreamedWeightsAnswerAlike(t *testing.T) {
 	got := answer(dev)
 	assert.Equal(t, want, got, "greedy under the budget equals greedy without it")
 	assert.Contains(t, dev.Logs(), "streamed=true")
-	assert.Contains(t, dev.Logs(), "the streamed layers are read ahead", "--stream-readers' default")
+	assert.Contains(t, dev.Logs(), "the streamed layers are read into layer buffers", "--stream-readers' default")
 	if group == nil {
 		return
 	}

@@ -82,9 +82,10 @@ type sideFlags struct {
 	memoryMB int
 	plan     memoryPlan
 	pin      []gguf.Tensor
-	// streamReaders read each layer of a streamed model as it starts, in
-	// large reads (llamacpp.Prefetch); 0 leaves them to the pass's page
-	// faults. Only the device daemon registers it.
+	// streamReaders read each layer of a streamed model into one of two
+	// layer buffers, the next while this one runs (llamacpp.Prefetch); 0
+	// leaves them to the pass's page faults. Only the device daemon
+	// registers it.
 	streamReaders int
 	// draftModel is a smaller model of the same tokenizer kept in memory
 	// beside the model (Lever's draft model, decoder.Options.Assistant);
@@ -386,17 +387,26 @@ func (f *sideFlags) fitMemory(fp, draft llamacpp.Footprint, log *slog.Logger) er
 	return nil
 }
 
-// streamWeights carries out a streamed plan (Lever): the model's mapping
-// is read ahead and dropped behind as a pass goes (sequential advice:
-// 578 MB read a token for the 1.5B under 560 MiB in bench lever, against
-// 918 with the kernel's default), and the part the budget holds is locked
-// in memory so that only the rest is read again by every pass. A process
+// streamWeights carries out a streamed plan (Lever): the part the budget
+// holds is locked in memory so that only the rest is read again by every
+// pass, into the readers' layer buffers (--stream-readers) or, without
+// readers, by the pass's faults on a mapping read ahead and dropped
+// behind (sequential advice: 578 MB read a token for the 1.5B under 560
+// MiB in bench lever, against 918 with the kernel's default). A process
 // that may not lock memory streams it all, and says so. The locks go with
 // the mapping, when the model is closed or unloaded while idle
 // (--idle-unload, which a streamed device should leave off: the model
 // loaded back is not pinned).
 func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
-	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
+	// Streamed through the readers' buffers, the weights left to the
+	// mapping's faults are the odd small tensor and embedding row: a
+	// readahead around them would read the layers' big tensors into the
+	// page cache beside the buffers.
+	advice := residency.AdviceSequential
+	if f.streamReaders > 0 {
+		advice = residency.AdviceRandom
+	}
+	if err := residency.Advise(f.model, advice); err != nil {
 		return err
 	}
 	if f.draftModel != "" {
@@ -431,7 +441,7 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: f.streamReaders}); err != nil {
 		return fmt.Errorf("--stream-readers: %w", err)
 	}
-	log.Info("--memory-mb: the streamed layers are read ahead", "readers", f.streamReaders, "ranges", len(reads))
+	log.Info("--memory-mb: the streamed layers are read into layer buffers", "readers", f.streamReaders, "tensors", len(reads))
 	return nil
 }
 

@@ -211,7 +211,7 @@ builds on 127.0.0.1:7071 and uses the cloud on 127.0.0.1:7070, without TLS
 	fs.StringVar(&modelID, "model-id", "", "model id of the OpenAI-compatible API on --http (default: the model file's name without .gguf)")
 	fs.DurationVar(&cloudTimeout, "cloud-timeout", 10*time.Second, "finish an answer alone when the cloud answers no handshake or decides no step for this long (it is also finished alone when the cloud goes away)")
 	fs.IntVar(&f.memoryMB, "memory-mb", 0, "memory budget in MiB for the weights, llama.cpp's compute buffer, --kv-cache-mb and the context's KV: lowers --max-passages to what fits; below the weights, streams them from the file, the part that fits locked in memory (0: no budget; see deploy/phone/README.md)")
-	fs.IntVar(&f.streamReaders, "stream-readers", 4, "with --memory-mb below the weights: threads that read each layer's streamed weights ahead of it, in large reads at once (0: the pass's page faults read them, one readahead at a time)")
+	fs.IntVar(&f.streamReaders, "stream-readers", 4, "with --memory-mb below the weights: threads that read each layer's streamed weights into one of two layer buffers, the next layer while this one runs (0: the pass's page faults read them, one readahead at a time)")
 	fs.IntVar(&maxUploadMB, "max-upload-mb", 64, "the largest file the document API takes, in MiB")
 	fs.StringArrayVar(&watch, "watch", nil, "keep this folder's files in the index: new, changed and removed files within seconds, and what changed while the daemon was down (repeatable)")
 	fs.IntVar(&historyTokens, "history-tokens", 0, "local speculative decoding also drafts from this device's earlier answers, up to this many tokens of them (kept on the device, never sent; 0: off)")

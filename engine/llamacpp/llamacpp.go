@@ -517,8 +517,12 @@ func (m *Model) NewLlamaContext(opts engine.ContextOptions) (*Context, error) {
 			return nil, err
 		}
 	}
+	// An embedding context of a streamed model reads the weights from the
+	// mapping, so its passes wait while a streamed one points them into
+	// its buffers.
+	turns := m.prefetch.Load() != nil
 	cc := C.dragon_ctx_new(m.c, C.uint32_t(cells), C.uint32_t(opts.BatchSize), C.uint32_t(ubatch),
-		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), embeddings, cbool(unified), stream)
+		C.uint32_t(opts.MaxSeqs), C.int32_t(opts.Threads), embeddings, cbool(unified), stream, cbool(turns))
 	if cc == nil {
 		C.dragon_stream_free(stream)
 		return nil, fmt.Errorf("llamacpp: could not create a context of %d cells for %d sequences", cells, opts.MaxSeqs)

@@ -12,12 +12,13 @@ import (
 	"github.com/dragon-rag/dragon/engine/residency"
 )
 
-// TestPrefetchReadsEveryLayerAheadAndChangesNoLogit: a context whose model
-// reads its layers ahead (every tensor but the token embeddings, nothing
-// pinned) decodes the same logits bit for bit as one without, and its
-// readers read every range once a pass: the graph's layers were found and
-// waited for.
-func TestPrefetchReadsEveryLayerAheadAndChangesNoLogit(t *testing.T) {
+// TestPrefetchStreamsEveryLayerAndChangesNoLogit: a context whose model
+// streams its layers through its buffers (every tensor but the token
+// embeddings, nothing pinned) decodes the same logits bit for bit as one
+// without; its readers read every tensor once a pass (and the first two
+// layers of the next pass ahead of it), and the layers' weights ran from
+// the buffers, not the mapping.
+func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 	path := realModelPath(t)
 	m, err := Load(path, Options{Threads: 1, InPlace: true})
 	require.NoError(t, err)
@@ -25,24 +26,42 @@ func TestPrefetchReadsEveryLayerAheadAndChangesNoLogit(t *testing.T) {
 	tensors, err := gguf.Tensors(path)
 	require.NoError(t, err)
 	ranges := residency.Reads(tensors, nil, m.Layers())
-	var perPass int64
+	require.NotEmpty(t, ranges)
+	var perPass, ahead, layerWeights int64
+	var largest int64
+	layerBytes := map[int]int64{}
 	for _, r := range ranges {
 		perPass += r.Size
+		if r.Layer < 2 {
+			ahead += r.Size
+		}
+		if r.Layer < m.Layers() {
+			layerWeights++
+			layerBytes[r.Layer] += r.Size
+			largest = max(largest, layerBytes[r.Layer])
+		}
 	}
-	require.NotEmpty(t, ranges)
 
 	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 0}), "no readers")
-	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: 2, Size: 1}, {Layer: 1, Size: 1}}, Readers: 1}), "out of layer order")
+	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: 2, Name: "blk.2.a", Size: 1}, {Layer: 1, Name: "blk.1.a", Size: 1}}, Readers: 1}), "out of layer order")
 	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: m.Layers() + 1, Size: 1}}, Readers: 1}), "no such layer")
+	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: 1, Size: 1}}, Readers: 1}), "a layer's tensor without its name")
 	require.NoError(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 3}))
 
 	opts := engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64}
 	streamed := newCtx(t, m, opts)
+	require.ErrorIs(t, m.SetPrefetch(nil), engine.ErrInvalidInput, "not while a context is open")
+	buffers, _ := streamed.StreamBuffers()
+	assert.GreaterOrEqual(t, buffers, 2*largest, "two buffers, each of the largest layer")
+	assert.Less(t, buffers, 2*largest+2*int64(len(ranges))*8192, "and the alignment around its spans")
 	plain := newCtx(t, loadReal(t), opts)
 	require.Zero(t, plain.PrefetchedBytes())
 	ctx := context.Background()
 	toks := tokens(t, m, passage)
 	var passes int64
+	// Every weight but each layer's attention norm (its node runs before
+	// the layer's reads are waited for) runs from the buffers.
+	leastUses := func() int64 { return passes * (layerWeights - int64(m.Layers())) }
 	for _, c := range []*Context{plain, streamed} {
 		_, err := engine.Prefill(ctx, c, 0, toks, nil)
 		require.NoError(t, err)
@@ -63,8 +82,11 @@ func TestPrefetchReadsEveryLayerAheadAndChangesNoLogit(t *testing.T) {
 		if step > 0 {
 			passes++
 		}
+		assert.GreaterOrEqual(t, streamed.StreamedUses(), leastUses(), "step %d: the layers ran from the buffers", step)
+		read := streamed.PrefetchedBytes()
+		assert.GreaterOrEqual(t, read, passes*perPass, "step %d: every tensor read once a pass", step)
+		assert.LessOrEqual(t, read, passes*perPass+ahead, "step %d: and the next pass's first two layers, no more", step)
 	}
-	assert.Equal(t, passes*perPass, streamed.PrefetchedBytes(), "every range read once a pass, %d passes", passes)
 }
 
 // lastRow is the index of the last row of c's last batch with logits.

@@ -34,7 +34,8 @@ struct dragon_ctx {
     bool quit;
     int done;     // eventfd, written once per finished pass (Go owns it)
     atomic_int result;
-    dragon_stream *stream; // reads a streamed model's layers ahead; owned
+    dragon_stream *stream; // reads a streamed model's layers into its buffers; owned
+    bool turns;            // passes take turns with other streamed contexts'
 };
 
 // How often a one-thread pass yields its core: a message that arrives
@@ -77,7 +78,13 @@ static void *dragon_worker(void *arg) {
         pthread_mutex_unlock(&c->mu);
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (c->turns) {
+            dragon_stream_pass_begin(c->stream);
+        }
         int32_t code = llama_decode(c->ctx, c->batch);
+        if (c->turns) {
+            dragon_stream_pass_end(c->stream);
+        }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         c->last_decode_ns = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
         atomic_store(&c->result, code);
@@ -93,7 +100,7 @@ static void *dragon_worker(void *arg) {
 
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                            uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings,
-                           int unified, dragon_stream *stream) {
+                           int unified, dragon_stream *stream, int turns) {
     struct llama_context_params p = llama_context_default_params();
     p.n_ctx = n_ctx;
     p.n_batch = n_batch;
@@ -149,6 +156,7 @@ dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n
     c->yield = n_threads == 1;
     llama_set_abort_callback(c->ctx, dragon_abort_cb, c);
     c->stream = stream;
+    c->turns = stream != NULL || turns != 0;
     return c;
 }
 

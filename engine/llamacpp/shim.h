@@ -14,11 +14,13 @@ typedef struct dragon_ctx dragon_ctx;
 // With embeddings 1, every row's hidden state is kept unpooled (the caller
 // pools); with 2, each sequence is pooled as the model says (a ranking
 // model's score per sequence). A stream, when not NULL, reads the model's
-// layers ahead of its passes; the context owns it from a successful call
-// on (the caller frees it after a failed one).
+// streamed layers into its buffers for its passes; the context owns it
+// from a successful call on (the caller frees it after a failed one).
+// With turns (or a stream), its passes take turns with those of the
+// other contexts of streamed models (dragon_stream_pass_begin).
 dragon_ctx *dragon_ctx_new(struct llama_model *model, uint32_t n_ctx, uint32_t n_batch,
                            uint32_t n_ubatch, uint32_t n_seq_max, int32_t n_threads, int embeddings, int unified,
-                           dragon_stream *stream);
+                           dragon_stream *stream, int turns);
 void dragon_ctx_free(dragon_ctx *c);
 struct llama_context *dragon_ctx_llama(dragon_ctx *c);
 

@@ -216,18 +216,19 @@ func addressOf(maps []mapping, off, size int64) (uintptr, bool) {
 	return 0, false
 }
 
-// Read is a range of the model file that one layer of every pass reads
+// Read is a tensor of the model file that one layer of every pass reads
 // from storage: Layer is the transformer layer (blk.N), or layers for what
 // runs after the last of them (the output head).
 type Read struct {
 	Layer     int
+	Name      string
 	Off, Size int64
 }
 
 // Reads lists what a pass reads from storage once pinned is locked: every
 // other tensor but the token embeddings (read a row a token; in full only
 // as the output of a model that ties them), by the layer that reads it,
-// adjacent ranges of a layer merged, in layer order.
+// in layer order and, within a layer, in file order.
 func Reads(tensors, pinned []gguf.Tensor, layers int) []Read {
 	locked := map[string]bool{}
 	for _, t := range pinned {
@@ -252,16 +253,8 @@ func Reads(tensors, pinned []gguf.Tensor, layers int) []Read {
 			}
 			l = n
 		}
-		out = append(out, Read{Layer: l, Off: t.Offset, Size: t.Size})
+		out = append(out, Read{Layer: l, Name: t.Name, Off: t.Offset, Size: t.Size})
 	}
 	slices.SortStableFunc(out, func(a, b Read) int { return cmp.Or(cmp.Compare(a.Layer, b.Layer), cmp.Compare(a.Off, b.Off)) })
-	merged := out[:0]
-	for _, r := range out {
-		if k := len(merged) - 1; k >= 0 && merged[k].Layer == r.Layer && merged[k].Off+merged[k].Size == r.Off {
-			merged[k].Size += r.Size
-			continue
-		}
-		merged = append(merged, r)
-	}
-	return merged
+	return out
 }

@@ -58,14 +58,15 @@ func TestReads(t *testing.T) {
 	}
 	pinned := []gguf.Tensor{untied[0], untied[2], untied[5]}
 	assert.Equal(t, []Read{
-		{Layer: 0, Off: 260, Size: 20},  // blk.0's unpinned half
-		{Layer: 1, Off: 280, Size: 10},  // blk.1's
-		{Layer: 2, Off: 340, Size: 30},  // blk.2, merged, before blk.10 though after it in the file
-		{Layer: 10, Off: 310, Size: 30}, // blk.10
-		{Layer: 11, Off: 370, Size: 1},  // the output norm, after the last layer
+		{Layer: 0, Name: "blk.0.ffn_up.weight", Off: 260, Size: 20}, // blk.0's unpinned half
+		{Layer: 1, Name: "blk.1.attn_q.weight", Off: 280, Size: 10}, // blk.1's
+		// blk.2 before blk.10, though after it in the file
+		{Layer: 2, Name: "blk.2.attn_q.weight", Off: 340, Size: 10}, {Layer: 2, Name: "blk.2.ffn_up.weight", Off: 350, Size: 20},
+		{Layer: 10, Name: "blk.10.attn_q.weight", Off: 310, Size: 10}, {Layer: 10, Name: "blk.10.ffn_up.weight", Off: 320, Size: 20},
+		{Layer: 11, Name: "output_norm.weight", Off: 370, Size: 1}, // after the last layer
 	}, Reads(untied, pinned, 11), "the embeddings, read a row a token, are not a pass's read")
-	assert.Equal(t, []Read{{Layer: 0, Off: 250, Size: 10}, {Layer: 11, Off: 150, Size: 100}}, Reads(untied[1:3], nil, 11),
-		"tied (no output.weight): the embeddings are the output, read in full after the last layer")
+	assert.Equal(t, []Read{{Layer: 0, Name: "blk.0.attn_q.weight", Off: 250, Size: 10}, {Layer: 11, Name: "token_embd.weight", Off: 150, Size: 100}},
+		Reads(untied[1:3], nil, 11), "tied (no output.weight): the embeddings are the output, read in full after the last layer")
 }
 
 // vmLocked is this process's locked memory (VmLck), in bytes.
