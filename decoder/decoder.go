@@ -299,7 +299,7 @@ func New(m engine.Model, opts Options) (*Decoder, error) {
 	d.acc = specdec.NewAcceptance(0.5)
 	table := opts.VerifyTable
 	if table == nil && opts.Spec.Enabled && !opts.NoCostModel {
-		rows := (max(opts.Spec.MaxDraft, opts.Spec.TreeBudget) + 1) * opts.MaxPassages
+		rows := d.verifyRows()
 		var err error
 		if table, err = ProfileVerify(context.Background(), c, rows, 2); err != nil {
 			c.Close()
@@ -337,6 +337,33 @@ func (d *Decoder) Close() error { return d.ectx.Close() }
 // while decoding: a decoder made again for the same model and threads
 // (Options.VerifyTable) starts from it instead of measuring.
 func (d *Decoder) VerifyTable() *specdec.VerifyTable { return d.cost.Verify }
+
+// verifyRows is the most rows a verification pass holds.
+func (d *Decoder) verifyRows() int {
+	return (max(d.opts.Spec.MaxDraft, d.opts.Spec.TreeBudget) + 1) * d.opts.MaxPassages
+}
+
+// Reserve runs one pass of as many rows as a verification may hold, each
+// with its logits, and forgets it: llama.cpp allocates a context's logits
+// at the first pass that needs them, so a caller sizing memory around the
+// decoder (bench lever's plan) measures after this.
+func (d *Decoder) Reserve(ctx context.Context) error {
+	rows := max(d.verifyRows(), 1)
+	if b := d.ectx.Options().BatchSize; b > 0 {
+		rows = min(rows, b)
+	}
+	var b engine.Batch
+	for i := range rows {
+		b.Add(engine.Token(i%d.vocab), i, true, 0)
+	}
+	if err := d.ectx.Decode(ctx, &b); err != nil {
+		return fmt.Errorf("decoder: reserve: %w", err)
+	}
+	if err := d.ectx.Truncate(0, 0); err != nil {
+		return fmt.Errorf("decoder: reserve: %w", err)
+	}
+	return nil
+}
 
 // Abort stops the forward pass in flight (from any goroutine): the call
 // running it returns an error wrapping engine.ErrAborted and the decoder

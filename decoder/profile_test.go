@@ -61,3 +61,32 @@ func TestNewProfilesOnlyForTheCostModel(t *testing.T) {
 		d.Close()
 	}
 }
+
+// TestReserveRunsTheWidestVerification: Reserve's pass holds as many rows
+// as a verification may (a logits row each), capped by the batch, and
+// leaves nothing in the context.
+func TestReserveRunsTheWidestVerification(t *testing.T) {
+	m := fake.New(fake.Config{Seed: 1, Vocab: 300})
+	trees := specdec.DefaultOptions()
+	trees.TreeBudget = 16
+	for _, tc := range []struct {
+		name string
+		opts Options
+		rows int
+	}{
+		{"plain, eight passages (the default)", Options{}, 8},
+		{"linear", Options{Spec: specdec.DefaultOptions(), NoCostModel: true, MaxPassages: 1}, 9},
+		{"trees, two passages", Options{Spec: trees, NoCostModel: true, MaxPassages: 2}, 34},
+		{"capped by the batch", Options{Spec: trees, NoCostModel: true, MaxPassages: 2, BatchSize: 20}, 20},
+	} {
+		d, err := New(m, tc.opts)
+		require.NoError(t, err, tc.name)
+		require.NoError(t, d.Reserve(context.Background()), tc.name)
+		_, err = d.ectx.Logits(tc.rows-1, nil)
+		require.NoError(t, err, tc.name)
+		_, err = d.ectx.Logits(tc.rows, nil)
+		require.Error(t, err, tc.name)
+		assert.Zero(t, d.ectx.SeqLen(0), tc.name)
+		d.Close()
+	}
+}

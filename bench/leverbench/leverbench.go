@@ -337,15 +337,11 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			probe.Close()
 		}
 	}()
-	if o.Advice == "" {
-		// As the device does: with the layers streamed through buffers,
-		// the mapping's faults are the odd small tensor and embedding row,
-		// and a readahead around them would read the layers' big tensors
-		// into the page cache beside the buffers.
-		o.Advice = residency.AdviceSequential
-		if o.Readers > 0 {
-			o.Advice = residency.AdviceRandom
-		}
+	// Its logits too: llama.cpp allocates them at the first pass, and
+	// with the layers in buffers that cannot shrink, 37 MiB of them
+	// unmeasured had the trees-draft mode killed at the cgroup's limit.
+	if err := probe.Reserve(ctx); err != nil {
+		return err
 	}
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
@@ -386,6 +382,10 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		// buffers of the contexts made from here on.
 		reads := residency.Reads(tensors, pin, m.Layers())
 		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: o.Readers}); err != nil {
+			return err
+		}
+		// As the device does (cmd/dragon's streamWeights).
+		if err := residency.AdviseLayers(o.Model, residency.AdviceRandom, reads, m.Layers()); err != nil {
 			return err
 		}
 		res.Mode.Readers = o.Readers

@@ -65,7 +65,7 @@ greedy draft as one more branch.`,
 	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
 	f.BoolVar(&o.Pin, "pin", true, "lock the part of the weights the budget holds (every pass reads the rest from storage once); false leaves it to the kernel's LRU")
-	f.StringVar((*string)(&o.Advice), "advice", "", "madvise of the model's mapping under the budget: normal, sequential or random (default: random with --readers, sequential without, as the device)")
+	f.StringVar((*string)(&o.Advice), "advice", "sequential", "madvise of the model's mapping under the budget: normal, sequential or random (with --readers, the layers' pages, read into buffers, are advised random, as the device does)")
 	f.IntVar(&o.Readers, "readers", 4, "threads that read each layer's unpinned weights into a layer buffer under the budget, as the device's --stream-readers (0: the pass's page faults read them)")
 	f.StringVar(&child, "child", "", "run one mode as the child of a run (internal)")
 	_ = f.MarkHidden("child")

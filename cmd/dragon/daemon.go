@@ -398,15 +398,7 @@ func (f *sideFlags) fitMemory(fp, draft llamacpp.Footprint, log *slog.Logger) er
 // (--idle-unload, which a streamed device should leave off: the model
 // loaded back is not pinned).
 func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
-	// Streamed through the readers' buffers, the weights left to the
-	// mapping's faults are the odd small tensor and embedding row: a
-	// readahead around them would read the layers' big tensors into the
-	// page cache beside the buffers.
-	advice := residency.AdviceSequential
-	if f.streamReaders > 0 {
-		advice = residency.AdviceRandom
-	}
-	if err := residency.Advise(f.model, advice); err != nil {
+	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
 		return err
 	}
 	if f.draftModel != "" {
@@ -440,6 +432,16 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	reads := residency.Reads(tensors, pinned, m.Layers())
 	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: f.streamReaders}); err != nil {
 		return fmt.Errorf("--stream-readers: %w", err)
+	}
+	// In the buffers, the layers' pages of the mapping are faulted on
+	// only for the odd small tensor (a layer's first norm runs before its
+	// reads are waited for): a readahead there would read the big tensors
+	// around it into the page cache beside the buffers. The output head,
+	// read into the page cache, keeps its sequential readahead: where the
+	// cache cannot hold it until the head runs, its faults read it again
+	// in large reads, not page by page.
+	if err := residency.AdviseLayers(f.model, residency.AdviceRandom, reads, m.Layers()); err != nil {
+		return err
 	}
 	log.Info("--memory-mb: the streamed layers are read into layer buffers", "readers", f.streamReaders, "tensors", len(reads))
 	return nil

@@ -2,7 +2,9 @@ package llamacpp
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -98,4 +100,90 @@ func lastRow(c *Context) int {
 		}
 	}
 	return last
+}
+
+// TestPrefetchAbortAndTurns: a streamed prefill aborted mid-layer leaves
+// the context computing what a fresh one does (its buffers are read
+// again where the abort left them half read), and after every pass the
+// weights point at the mapping again: an embedding context of the same
+// model, which has no buffers and runs from the mapping, gets what one
+// of an unstreamed model gets, also while the streamed context decodes.
+func TestPrefetchAbortAndTurns(t *testing.T) {
+	path := realModelPath(t)
+	m, err := Load(path, Options{Threads: 1, InPlace: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	tensors, err := gguf.Tensors(path)
+	require.NoError(t, err)
+	require.NoError(t, m.SetPrefetch(&Prefetch{Ranges: residency.Reads(tensors, nil, m.Layers()), Readers: 2}))
+	other := loadReal(t)
+	ctx := context.Background()
+
+	streamed := newCtx(t, m, engine.ContextOptions{CtxPerSeq: 2048, MaxSeqs: 1, BatchSize: 2048})
+	long := tokens(t, m, strings.Repeat(passage+" ", 40))[:1500]
+	var b engine.Batch
+	for i, tok := range long {
+		b.Add(tok, i, i == len(long)-1, 0)
+	}
+	done := make(chan error, 1)
+	go func() { done <- streamed.Decode(ctx, &b) }()
+	time.Sleep(150 * time.Millisecond) // inside the first of three graphs
+	streamed.Abort()
+	require.ErrorIs(t, <-done, engine.ErrAborted)
+
+	short := long[:20]
+	logits := func(c *Context) []float32 {
+		pb, err := engine.Prefill(ctx, c, 0, short, nil)
+		require.NoError(t, err)
+		row, err := c.Logits(pb.Len()-1, nil)
+		require.NoError(t, err)
+		return row
+	}
+	fresh := newCtx(t, other, engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64})
+	assert.Zero(t, maxAbsDiff(logits(streamed), logits(fresh)), "after the abort, what a fresh context computes")
+	assert.Positive(t, streamed.StreamedUses())
+
+	embed := func(model *Model) func() []float32 {
+		c := newCtx(t, model, engine.ContextOptions{CtxPerSeq: 128, MaxSeqs: 1, BatchSize: 128, Embeddings: true})
+		return func() []float32 {
+			require.NoError(t, c.Truncate(0, 0))
+			var b engine.Batch
+			for i, tok := range short {
+				b.Add(tok, i, true, 0)
+			}
+			require.NoError(t, c.Decode(ctx, &b))
+			e, err := c.Embedding(len(short)-1, nil)
+			require.NoError(t, err)
+			return e
+		}
+	}
+	want := embed(other)()
+	fromMapping := embed(m)
+	assert.Zero(t, maxAbsDiff(fromMapping(), want), "after the streamed passes, the weights are the mapping's")
+	// Side by side with a streamed context's passes: they take turns.
+	stop := make(chan struct{})
+	decoded := make(chan error, 1)
+	go func() {
+		defer close(decoded)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := streamed.Truncate(0, 0); err != nil {
+				decoded <- err
+				return
+			}
+			if _, err := engine.Prefill(ctx, streamed, 0, short, nil); err != nil {
+				decoded <- err
+				return
+			}
+		}
+	}()
+	for range 5 {
+		assert.Zero(t, maxAbsDiff(fromMapping(), want), "while the streamed context decodes")
+	}
+	close(stop)
+	require.NoError(t, <-decoded)
 }

@@ -367,6 +367,19 @@ static void give_locked(dragon_stream *s, int32_t slot, int32_t l) {
     s->slot_layer[slot] = l;
     s->slot_pending[slot] = s->first[l + 1] - s->first[l];
     s->slot_failed[slot] = false;
+    if (s->jobs_len + s->slot_pending[slot] > s->jobs_cap) {
+        // Jobs dropped by a slot given another layer before the readers
+        // reached them (after an aborted pass) make room: what is live
+        // is at most one layer a slot, and the ring holds every chunk.
+        int32_t kept = 0;
+        for (int32_t i = 0; i < s->jobs_len; i++) {
+            dragon_job j = s->jobs[(s->jobs_head + i) % s->jobs_cap];
+            if (j.gen == s->slot_gen[j.slot]) {
+                s->jobs[(s->jobs_head + kept++) % s->jobs_cap] = j;
+            }
+        }
+        s->jobs_len = kept;
+    }
     for (int32_t c = s->first[l]; c < s->first[l + 1]; c++) {
         s->jobs[(s->jobs_head + s->jobs_len) % s->jobs_cap] = (dragon_job){.chunk = c, .slot = slot, .gen = s->slot_gen[slot]};
         s->jobs_len++;

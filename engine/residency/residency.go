@@ -143,19 +143,64 @@ const (
 
 // Advise gives the kernel advice on this process's whole mapping of path.
 func Advise(path string, a Advice) error {
-	flag := map[Advice]uintptr{AdviceNormal: syscall.MADV_NORMAL, AdviceSequential: syscall.MADV_SEQUENTIAL, AdviceRandom: syscall.MADV_RANDOM}
-	f, ok := flag[a]
-	if !ok {
-		return fmt.Errorf("residency: no advice %q (normal, sequential, random)", a)
+	f, err := adviceFlag(a)
+	if err != nil {
+		return err
 	}
 	maps, err := mappingsOf(path)
 	if err != nil {
 		return err
 	}
 	for _, m := range maps {
-		if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, m.start, m.end-m.start, f); e != 0 {
-			return fmt.Errorf("residency: madvise %s: %w", a, e)
+		if err := madvise(m.start, m.end, f, a); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// AdviseLayers gives the kernel advice on the pages of those reads that
+// belong to a layer below layers: what llamacpp.Prefetch reads into its
+// layer buffers, whose pages the mapping's faults touch only for the odd
+// small tensor. The output head's reads (Layer == layers) keep the
+// mapping's advice.
+func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
+	f, err := adviceFlag(a)
+	if err != nil {
+		return err
+	}
+	maps, err := mappingsOf(path)
+	if err != nil {
+		return err
+	}
+	page := uintptr(os.Getpagesize())
+	for _, r := range reads {
+		if r.Layer >= layers {
+			continue
+		}
+		at, ok := addressOf(maps, r.Off, r.Size)
+		if !ok {
+			return fmt.Errorf("residency: %s [%d, %d) is not mapped", r.Name, r.Off, r.Off+r.Size)
+		}
+		if err := madvise(at&^(page-1), (at+uintptr(r.Size)+page-1)&^(page-1), f, a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func adviceFlag(a Advice) (uintptr, error) {
+	flag := map[Advice]uintptr{AdviceNormal: syscall.MADV_NORMAL, AdviceSequential: syscall.MADV_SEQUENTIAL, AdviceRandom: syscall.MADV_RANDOM}
+	f, ok := flag[a]
+	if !ok {
+		return 0, fmt.Errorf("residency: no advice %q (normal, sequential, random)", a)
+	}
+	return f, nil
+}
+
+func madvise(start, end, flag uintptr, a Advice) error {
+	if _, _, e := syscall.Syscall(syscall.SYS_MADVISE, start, end-start, flag); e != 0 {
+		return fmt.Errorf("residency: madvise %s: %w", a, e)
 	}
 	return nil
 }
@@ -207,13 +252,32 @@ func mappingsOf(path string) ([]mapping, error) {
 }
 
 // addressOf is where bytes [off, off+size) of the file lie in one mapping.
+// The kernel lists a mapping as several where parts of it were locked or
+// advised apart, so the range's first and last bytes may lie in two of
+// them: they must then be the same mapping's, at addresses size-1 apart.
 func addressOf(maps []mapping, off, size int64) (uintptr, bool) {
-	for _, m := range maps {
-		if off >= m.offset && off+size <= m.offset+int64(m.end-m.start) {
-			return m.start + uintptr(off-m.offset), true
+	at := func(o int64) (uintptr, bool) {
+		for _, m := range maps {
+			if o >= m.offset && o < m.offset+int64(m.end-m.start) {
+				return m.start + uintptr(o-m.offset), true
+			}
+		}
+		return 0, false
+	}
+	first, ok1 := at(off)
+	last, ok2 := at(off + size - 1)
+	if !ok1 || !ok2 || last-first != uintptr(size-1) {
+		return 0, false
+	}
+	// Every page between them is mapped too (no hole where a part of
+	// the mapping was unmapped).
+	page := int64(os.Getpagesize())
+	for o := (off/page + 1) * page; o < off+size-1; o += page {
+		if a, ok := at(o); !ok || a-first != uintptr(o-off) {
+			return 0, false
 		}
 	}
-	return 0, false
+	return first, true
 }
 
 // Read is a tensor of the model file that one layer of every pass reads

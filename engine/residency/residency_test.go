@@ -3,8 +3,11 @@ package residency
 import (
 	"bytes"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -112,4 +115,62 @@ func TestPinLocksTheMappedTensors(t *testing.T) {
 	assert.Equal(t, before+p.Bytes, vmLocked(t))
 	p.Unpin()
 	assert.Equal(t, before, vmLocked(t))
+}
+
+// TestAdviseLayersAdvisesOnlyTheLayersPages: random advice on the pages
+// of the layers' reads splits the mapping there (smaps' VmFlags "rr"),
+// and the output head's reads keep the mapping's sequential advice ("sr").
+func TestAdviseLayersAdvisesOnlyTheLayersPages(t *testing.T) {
+	var w gguf.Writer
+	w.String("general.architecture", "llama")
+	w.Tensor("blk.0.a", make([]float32, 16384), 16384) // 64 KiB
+	w.Tensor("output.weight", make([]float32, 16384), 16384)
+	var b bytes.Buffer
+	_, err := w.WriteTo(&b)
+	require.NoError(t, err)
+	path := t.TempDir() + "/m.gguf"
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+	ts, err := gguf.Tensors(path)
+	require.NoError(t, err)
+	reads := Reads(ts, nil, 1)
+	require.Len(t, reads, 2)
+
+	require.ErrorContains(t, AdviseLayers(path, AdviceRandom, reads, 1), "not mapped in this process")
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	data, err := syscall.Mmap(int(f.Fd()), 0, b.Len(), syscall.PROT_READ, syscall.MAP_SHARED)
+	require.NoError(t, err)
+	defer syscall.Munmap(data)
+
+	require.NoError(t, Advise(path, AdviceSequential))
+	require.Error(t, AdviseLayers(path, "sideways", reads, 1))
+	require.NoError(t, AdviseLayers(path, AdviceRandom, reads, 1))
+	base := uintptr(unsafe.Pointer(&data[0]))
+	flagsAt := func(off int64) string {
+		smaps, err := os.ReadFile("/proc/self/smaps")
+		require.NoError(t, err)
+		var inside bool
+		for _, line := range strings.Split(string(smaps), "\n") {
+			if lo, hi, ok := strings.Cut(strings.Fields(line + " x")[0], "-"); ok {
+				start, err1 := strconv.ParseUint(lo, 16, 64)
+				end, err2 := strconv.ParseUint(hi, 16, 64)
+				at := uint64(base) + uint64(off)
+				inside = err1 == nil && err2 == nil && at >= start && at < end
+			}
+			if inside && strings.HasPrefix(line, "VmFlags:") {
+				return line
+			}
+		}
+		t.Fatalf("no mapping at offset %d", off)
+		return ""
+	}
+	assert.Contains(t, flagsAt(reads[0].Off+reads[0].Size/2), " rr", "the layer's pages: random")
+	assert.Contains(t, flagsAt(reads[1].Off+reads[1].Size/2), " sr", "the output head's: the mapping's sequential")
+	// The mapping is now listed as parts: a tensor across two of them is
+	// still found (the output head's first page is the layer's last).
+	require.NotZero(t, reads[1].Off%int64(os.Getpagesize()), "the output head starts mid-page")
+	p, err := Pin(path, ts)
+	require.NoError(t, err)
+	p.Unpin()
 }
