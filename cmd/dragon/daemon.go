@@ -437,9 +437,8 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	// only for the odd small tensor (a layer's first norm runs before its
 	// reads are waited for): a readahead there would read the big tensors
 	// around it into the page cache beside the buffers. The output head,
-	// read into the page cache, keeps its sequential readahead: where the
-	// cache cannot hold it until the head runs, its faults read it again
-	// in large reads, not page by page.
+	// left to the faults (llamacpp.Prefetch), keeps its sequential
+	// readahead: large reads, not page by page.
 	if err := residency.AdviseLayers(f.model, residency.AdviceRandom, reads, m.Layers()); err != nil {
 		return err
 	}

@@ -17,9 +17,9 @@ import (
 // TestPrefetchStreamsEveryLayerAndChangesNoLogit: a context whose model
 // streams its layers through its buffers (every tensor but the token
 // embeddings, nothing pinned) decodes the same logits bit for bit as one
-// without; its readers read every tensor once a pass (and the first two
-// layers of the next pass ahead of it), and the layers' weights ran from
-// the buffers, not the mapping.
+// without; its readers read every layer's tensors once a pass (and the
+// first two layers of the next pass ahead of it; not the output head's),
+// and the layers' weights ran from the buffers, not the mapping.
 func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 	path := realModelPath(t)
 	m, err := Load(path, Options{Threads: 1, InPlace: true})
@@ -33,16 +33,18 @@ func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 	var largest int64
 	layerBytes := map[int]int64{}
 	for _, r := range ranges {
+		if r.Layer == m.Layers() {
+			continue // the output head: left to the mapping's faults
+		}
 		perPass += r.Size
 		if r.Layer < 2 {
 			ahead += r.Size
 		}
-		if r.Layer < m.Layers() {
-			layerWeights++
-			layerBytes[r.Layer] += r.Size
-			largest = max(largest, layerBytes[r.Layer])
-		}
+		layerWeights++
+		layerBytes[r.Layer] += r.Size
+		largest = max(largest, layerBytes[r.Layer])
 	}
+	require.Less(t, layerWeights, int64(len(ranges)), "SmolLM2 ties its output to its embeddings: the head reads them")
 
 	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 0}), "no readers")
 	require.Error(t, m.SetPrefetch(&Prefetch{Ranges: []residency.Read{{Layer: 2, Name: "blk.2.a", Size: 1}, {Layer: 1, Name: "blk.1.a", Size: 1}}, Readers: 1}), "out of layer order")
@@ -86,7 +88,7 @@ func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 		}
 		assert.GreaterOrEqual(t, streamed.StreamedUses(), leastUses(), "step %d: the layers ran from the buffers", step)
 		read := streamed.PrefetchedBytes()
-		assert.GreaterOrEqual(t, read, passes*perPass, "step %d: every tensor read once a pass", step)
+		assert.GreaterOrEqual(t, read, passes*perPass, "step %d: every layer's tensors read once a pass", step)
 		assert.LessOrEqual(t, read, passes*perPass+ahead, "step %d: and the next pass's first two layers, no more", step)
 	}
 }

@@ -16,9 +16,6 @@
 // covers the usual ones. Chunks are what one reader reads at a time.
 #define DRAGON_ALIGN 4096
 #define DRAGON_CHUNK_BYTES (2 << 20)
-// Where a chunk of the output head goes: the page cache, through a
-// reader's scratch buffer.
-#define DRAGON_CACHED 2
 
 typedef struct {
     int32_t layer;
@@ -45,19 +42,18 @@ typedef struct {
 
 typedef struct {
     int32_t chunk;
-    int32_t slot; // 0, 1, or DRAGON_CACHED
+    int32_t slot;
     uint32_t gen; // the slot's generation when queued: older is dropped
 } dragon_job;
 
 struct dragon_stream {
     int fd;        // O_DIRECT when the file system allows it
-    int fd_cached; // through the page cache
+    int fd_cached; // through the page cache, where O_DIRECT is refused
     bool direct;
     int64_t file_size;
     int32_t n_layers;
 
-    // chunks[first[l] .. first[l+1]) read layer l (l == n_layers: the
-    // output head, into the page cache).
+    // chunks[first[l] .. first[l+1]) read layer l.
     dragon_chunk *chunks;
     int32_t *first;
     // rank[l] is layer l's place among the layers with chunks (-1: none);
@@ -71,15 +67,15 @@ struct dragon_stream {
 
     char *slot[2];
     int64_t slot_bytes;
-    // Per slot (and DRAGON_CACHED): the layer it holds or is reading,
-    // its chunks not yet read, readers inside a read into it, whether a
-    // read failed, and its generation (bumped when it is given another
-    // layer, so that chunks queued for the last one are dropped).
-    int32_t slot_layer[3];
-    int32_t slot_pending[3];
-    int32_t slot_busy[3];
-    bool slot_failed[3];
-    uint32_t slot_gen[3];
+    // Per slot: the layer it holds or is reading, its chunks not yet
+    // read, readers inside a read into it, whether a read failed, and its
+    // generation (bumped when it is given another layer, so that chunks
+    // queued for the last one are dropped).
+    int32_t slot_layer[2];
+    int32_t slot_pending[2];
+    int32_t slot_busy[2];
+    bool slot_failed[2];
+    uint32_t slot_gen[2];
 
     pthread_mutex_t mu;
     pthread_cond_t work, done;
@@ -99,12 +95,10 @@ static pthread_mutex_t dragon_pass_mu = PTHREAD_MUTEX_INITIALIZER;
 static int64_t align_down(int64_t x) { return x & ~(int64_t)(DRAGON_ALIGN - 1); }
 static int64_t align_up(int64_t x) { return align_down(x + DRAGON_ALIGN - 1); }
 
-// read_chunk reads ch into dest (or, with dest NULL, into scratch: the
-// page cache keeps it). It succeeds when every byte up to the file's end
-// was read.
-static bool read_chunk(dragon_stream *s, const dragon_chunk *ch, char *dest, char *scratch) {
-    int fd = dest != NULL && s->direct ? s->fd : s->fd_cached;
-    char *to = dest != NULL ? dest : scratch;
+// read_chunk reads ch into to. It succeeds when every byte up to the
+// file's end was read.
+static bool read_chunk(dragon_stream *s, const dragon_chunk *ch, char *to) {
+    int fd = s->direct ? s->fd : s->fd_cached;
     int64_t want = ch->off + ch->len > s->file_size ? s->file_size - ch->off : ch->len;
     int64_t got = 0;
     while (got < want) {
@@ -126,7 +120,6 @@ static bool read_chunk(dragon_stream *s, const dragon_chunk *ch, char *dest, cha
 
 static void *dragon_stream_reader(void *arg) {
     dragon_stream *s = arg;
-    char *scratch = NULL;
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (!s->quit && s->jobs_len == 0) {
@@ -142,13 +135,9 @@ static void *dragon_stream_reader(void *arg) {
             continue; // queued for what the slot no longer reads
         }
         const dragon_chunk *ch = &s->chunks[j.chunk];
-        char *dest = j.slot == DRAGON_CACHED ? NULL : s->slot[j.slot] + ch->pos;
         s->slot_busy[j.slot]++;
         pthread_mutex_unlock(&s->mu);
-        if (dest == NULL && scratch == NULL) {
-            scratch = malloc(DRAGON_CHUNK_BYTES);
-        }
-        bool ok = (dest != NULL || scratch != NULL) && read_chunk(s, ch, dest, scratch);
+        bool ok = read_chunk(s, ch, s->slot[j.slot] + ch->pos);
         pthread_mutex_lock(&s->mu);
         s->slot_busy[j.slot]--;
         if (j.gen == s->slot_gen[j.slot]) {
@@ -161,7 +150,6 @@ static void *dragon_stream_reader(void *arg) {
         pthread_cond_broadcast(&s->done);
     }
     pthread_mutex_unlock(&s->mu);
-    free(scratch);
     return NULL;
 }
 
@@ -177,52 +165,50 @@ static int32_t layer_of(const char *name, int32_t n_layers) {
 
 // plan lays out the buffers: each layer's tensors merged into aligned
 // spans (tensors that share a block share a span), placed one after the
-// other in the layer's buffer and cut into chunks; the output head's
-// ranges are cut into chunks as they are. Returns false on bad input.
+// other in the layer's buffer and cut into chunks. Returns false on bad
+// input.
 static bool plan(dragon_stream *s, int32_t n, const int32_t *layer, const char *const *name, const int64_t *off,
                  const int64_t *len) {
     int64_t n_chunks = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (layer[i] < 0 || layer[i] > s->n_layers || (i > 0 && layer[i] < layer[i - 1]) || off[i] < 0 || len[i] <= 0 ||
-            (layer[i] < s->n_layers && (name[i] == NULL || layer_of(name[i], s->n_layers) != layer[i]))) {
+        if (layer[i] < 0 || layer[i] >= s->n_layers || (i > 0 && layer[i] < layer[i - 1]) || off[i] < 0 || len[i] <= 0 ||
+            name[i] == NULL || layer_of(name[i], s->n_layers) != layer[i]) {
             return false;
         }
         // Each span may add an aligned block at either end.
         n_chunks += (len[i] + 2 * DRAGON_ALIGN) / DRAGON_CHUNK_BYTES + 2;
     }
     s->chunks = calloc((size_t)n_chunks, sizeof(dragon_chunk));
-    s->first = calloc((size_t)s->n_layers + 2, sizeof(int32_t));
-    s->rank = calloc((size_t)s->n_layers + 1, sizeof(int32_t));
-    s->wfirst = calloc((size_t)s->n_layers + 2, sizeof(int32_t));
-    s->weights = calloc((size_t)n + 1, sizeof(dragon_weight));
+    s->first = calloc((size_t)s->n_layers + 1, sizeof(int32_t));
+    s->rank = calloc((size_t)s->n_layers, sizeof(int32_t));
+    s->wfirst = calloc((size_t)s->n_layers + 1, sizeof(int32_t));
+    s->weights = calloc((size_t)n, sizeof(dragon_weight));
     if (s->chunks == NULL || s->first == NULL || s->rank == NULL || s->wfirst == NULL || s->weights == NULL) {
         return false;
     }
     int32_t k = 0, ranked = 0;
-    for (int32_t l = 0, i = 0; l <= s->n_layers; l++) {
+    for (int32_t l = 0, i = 0; l < s->n_layers; l++) {
         s->first[l] = k;
         s->wfirst[l] = s->n_weights;
         int64_t pos = 0; // the layer's buffer so far
         while (i < n && layer[i] == l) {
             // A span: tensors whose aligned ranges touch.
-            int64_t a = l < s->n_layers ? align_down(off[i]) : off[i];
+            int64_t a = align_down(off[i]);
             int64_t b = off[i] + len[i];
             int32_t j = i;
-            for (; j < n && layer[j] == l && (l < s->n_layers ? align_down(off[j]) : off[j]) <= b; j++) {
+            for (; j < n && layer[j] == l && align_down(off[j]) <= b; j++) {
                 if (off[j] < a) {
                     return false; // not in file order within the layer
                 }
                 if (off[j] + len[j] > b) {
                     b = off[j] + len[j];
                 }
-                if (l < s->n_layers) {
-                    s->weights[s->n_weights++] = (dragon_weight){.name = strdup(name[j]), .layer = l, .pos = pos + off[j] - a};
-                    if (s->weights[s->n_weights - 1].name == NULL) {
-                        return false;
-                    }
+                s->weights[s->n_weights++] = (dragon_weight){.name = strdup(name[j]), .layer = l, .pos = pos + off[j] - a};
+                if (s->weights[s->n_weights - 1].name == NULL) {
+                    return false;
                 }
             }
-            int64_t end = l < s->n_layers ? align_up(b) : b;
+            int64_t end = align_up(b);
             for (int64_t o = a; o < end; o += DRAGON_CHUNK_BYTES) {
                 int64_t clen = end - o < DRAGON_CHUNK_BYTES ? end - o : DRAGON_CHUNK_BYTES;
                 int64_t useful = 0;
@@ -237,15 +223,15 @@ static bool plan(dragon_stream *s, int32_t n, const int32_t *layer, const char *
             i = j;
         }
         s->rank[l] = -1;
-        if (l < s->n_layers && k > s->first[l]) {
+        if (k > s->first[l]) {
             s->rank[l] = ranked++;
             if (pos > s->slot_bytes) {
                 s->slot_bytes = pos;
             }
         }
     }
-    s->first[s->n_layers + 1] = k;
-    s->wfirst[s->n_layers + 1] = s->n_weights;
+    s->first[s->n_layers] = k;
+    s->wfirst[s->n_layers] = s->n_weights;
     s->jobs_cap = k + 1;
     s->jobs = calloc((size_t)s->jobs_cap, sizeof(dragon_job));
     // A graph has a few hundred of them to look up, each once a node.
@@ -292,9 +278,7 @@ dragon_stream *dragon_stream_new(const char *path, int32_t n_layers, int32_t n, 
         memset(p, 0, (size_t)s->slot_bytes);
         s->slot[i] = p;
     }
-    for (int i = 0; i < 3; i++) {
-        s->slot_layer[i] = -1;
-    }
+    s->slot_layer[0] = s->slot_layer[1] = -1;
     s->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (s->threads == NULL) {
         dragon_stream_free(s);
@@ -514,12 +498,9 @@ bool dragon_stream_eval(struct ggml_tensor *t, bool ask, void *data) {
             pthread_cond_wait(&s->done, &s->mu);
         }
     } else {
-        // The output head: its ranges into the page cache. Every layer
-        // has run, so both buffers are free: the next graph's first two
-        // layers are read meanwhile (every graph runs the layers again).
-        if (s->first[l + 1] > s->first[l]) {
-            give_locked(s, DRAGON_CACHED, l);
-        }
+        // The output head: every layer has run, so both buffers are free,
+        // and the next graph's first two layers are read while the head
+        // runs and the caller drafts (every graph runs the layers again).
         int32_t a = next_streamed(s, -1);
         int32_t b = a >= 0 ? next_streamed(s, a) : -1;
         if (a >= 0) {
@@ -527,9 +508,6 @@ bool dragon_stream_eval(struct ggml_tensor *t, bool ask, void *data) {
         }
         if (b >= 0) {
             ensure_locked(s, b);
-        }
-        while (s->slot_layer[DRAGON_CACHED] == l && s->slot_pending[DRAGON_CACHED] > 0) {
-            pthread_cond_wait(&s->done, &s->mu);
         }
     }
     pthread_mutex_unlock(&s->mu);

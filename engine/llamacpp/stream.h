@@ -18,12 +18,10 @@
 typedef struct dragon_stream dragon_stream;
 
 // dragon_stream_new opens path and starts n_threads readers for the n
-// tensors (name, off, len) of the file, each of layer[i] in 0..n_layers,
-// in layer order. Those of layers below n_layers are read into the
-// buffers; those of n_layers (what runs after the last layer: the output
-// head) into the page cache, where the pass's page faults find them. NULL
-// when the file cannot be opened, the buffers cannot be had, or no
-// reader starts.
+// tensors (name, off, len) of the file, each of layer[i] in
+// 0..n_layers-1, in layer order and in file order within a layer. NULL
+// when the input is not that, the file cannot be opened, the buffers
+// cannot be had, or no reader starts.
 dragon_stream *dragon_stream_new(const char *path, int32_t n_layers, int32_t n, const int32_t *layer,
                                  const char *const *name, const int64_t *off, const int64_t *len,
                                  int32_t n_threads);
