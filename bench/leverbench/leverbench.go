@@ -62,11 +62,16 @@ type Options struct {
 	Pin bool
 	// Advice is the madvise of the model's mapping in budgeted modes.
 	Advice residency.Advice
-	// Readers > 0 reads each layer's unpinned weights ahead of it with
-	// that many threads (llamacpp.Prefetch) in budgeted modes; 0 leaves
-	// them to the pass's page faults.
+	// Readers > 0 reads each layer's unpinned weights into a layer buffer
+	// with that many threads (llamacpp.Prefetch) in budgeted modes; 0
+	// leaves them to the pass's page faults.
 	Readers int
-	Log     func(format string, args ...any)
+	// FollowUps decodes held-out prompts each followed by its question
+	// in other words over the same passage (promptset.WithFollowUps), and
+	// the speculative modes also draft from a store of the earlier
+	// answers (issue 57's related prompts): 2 × Prompts prompts.
+	FollowUps bool
+	Log       func(format string, args ...any)
 }
 
 // Report is what dragon bench lever --json prints.
@@ -79,6 +84,7 @@ type Report struct {
 	// model: the cgroup's limit is the budget plus it.
 	BaselineMB      float64         `json:"baseline_mb"`
 	Prompts         int             `json:"prompts"`
+	FollowUps       bool            `json:"follow_ups,omitempty"`
 	MaxTokens       int             `json:"max_tokens"`
 	GreedyIdentical bool            `json:"greedy_identical"`
 	Modes           map[string]Mode `json:"modes"`
@@ -132,7 +138,7 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return Report{}, fmt.Errorf("lever: the model: %w", err)
 	}
 	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), Model: o.Model, WeightMB: mb(st.Size()), BudgetMB: o.BudgetMB,
-		Prompts: o.Prompts, MaxTokens: o.MaxTokens, GreedyIdentical: true, Modes: map[string]Mode{}}
+		Prompts: o.Prompts, FollowUps: o.FollowUps, MaxTokens: o.MaxTokens, GreedyIdentical: true, Modes: map[string]Mode{}}
 	var ref [][]engine.Token
 	for _, mode := range o.Modes {
 		if !slices.Contains(Modes, mode) {
@@ -178,7 +184,7 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 		}
 	}
 	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--draft-model", o.DraftModel, "--corpus", o.Corpus,
-		"--n", strconv.Itoa(o.Prompts), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
+		"--n", strconv.Itoa(o.Prompts), "--follow-ups=" + strconv.FormatBool(o.FollowUps), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
 		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--readers", strconv.Itoa(o.Readers), "--advice", string(o.Advice)}
 	if mode == "unbudgeted" {
 		argv[len(argv)-1] = string(residency.AdviceNormal)
@@ -257,9 +263,14 @@ type ChildOptions struct {
 	// the memory the child already uses and room to page a layer in.
 	BudgetMB int
 	Pin      bool
-	Advice   residency.Advice
-	Readers  int
+	Advice    residency.Advice
+	Readers   int
+	FollowUps bool
 }
+
+// historyTokens is the store of earlier answers the speculative modes
+// draft from with FollowUps: E5's (bench/experiments).
+const historyTokens = 4096
 
 // pinSlack is memory the child keeps free of pinned weights for what it
 // allocates while decoding (the Go heap, llama.cpp's graphs).
@@ -274,6 +285,15 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		return fmt.Errorf("lever: no mode %q", o.Mode)
 	}
 	prompts, err := promptset.BuiltIn(o.Corpus, o.Prompts, 1)
+	var history *specdec.History
+	if o.FollowUps {
+		if prompts, err = promptset.HeldOut(o.Corpus, o.Prompts, 1); err == nil {
+			prompts, err = promptset.WithFollowUps(prompts)
+		}
+		if err == nil && spec.Enabled {
+			history, err = specdec.NewHistory(historyTokens)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -318,7 +338,7 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// Passes of at most 64 tokens, as a device streaming its weights
 	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
 	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
-	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant}
+	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant, History: history}
 	// A decoder that measures nothing sizes the context (its KV and
 	// compute buffers) first, so that what the budget leaves to locked
 	// weights is measured beside it. The one that decodes is made after
@@ -327,7 +347,7 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// a cold file, multi-row passes priced at several times a warm one-row
 	// pass kept speculation off for whole runs.
 	probeOpts := dopts
-	probeOpts.NoCostModel, probeOpts.Assistant = true, nil
+	probeOpts.NoCostModel, probeOpts.Assistant, probeOpts.History = true, nil, nil
 	probe, err := decoder.New(m, probeOpts)
 	if err != nil {
 		return err

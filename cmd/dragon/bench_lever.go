@@ -30,9 +30,12 @@ passes per token, MB read from storage per token (/proc/self/io), accepted
 tokens per pass, the peak memory charged and the median time to first
 token, and whether every mode's greedy output equals the unbudgeted one.
 With --pin (the default) a budgeted mode locks the weights the budget
-holds beside what it already uses and room to page a layer in, in the
+holds beside what it already uses and room for two layers, in the
 file's order, the token embeddings (read a row a token) never; the rest
-is read once a pass. The draft mode also keeps --draft-model locked in
+is read once a pass, with --readers (default 4, as the device) into two
+layer buffers, the next layer while this one runs. With --follow-ups the
+prompts are held-out ones each followed by a related one, and the
+speculative modes also draft from the earlier answers. The draft mode also keeps --draft-model locked in
 memory within the same budget (Lever's draft model) and drafts from it or
 from the context, whichever the cost model expects more of per millisecond;
 trees-draft grows token trees from the context with the draft model's
@@ -41,7 +44,8 @@ greedy draft as one more branch.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
 				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
-					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice, Readers: o.Readers})
+					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice, Readers: o.Readers,
+					FollowUps: o.FollowUps})
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -61,6 +65,7 @@ greedy draft as one more branch.`,
 	f.StringVar(&o.DraftModel, "draft-model", "models/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf", "the draft mode's smaller model of the same tokenizer, locked in memory within the budget (make qwen)")
 	f.StringVar(&o.Corpus, "corpus", "data/corpus", "corpus folder of the built-in prompt set (make corpus)")
 	f.IntVar(&o.Prompts, "n", 4, "prompts")
+	f.BoolVar(&o.FollowUps, "follow-ups", false, "held-out prompts, each followed by its question in other words over the same passage, with the speculative modes also drafting from a store of the earlier answers (related prompts)")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens decoded per prompt")
 	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
