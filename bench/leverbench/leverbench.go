@@ -261,8 +261,8 @@ type ChildOptions struct {
 	MaxTokens  int
 	// BudgetMB and Pin: lock what the budget holds of the weights, beside
 	// the memory the child already uses and room to page a layer in.
-	BudgetMB int
-	Pin      bool
+	BudgetMB  int
+	Pin       bool
 	Advice    residency.Advice
 	Readers   int
 	FollowUps bool
