@@ -120,13 +120,13 @@ func (c *Context) PrefetchedBytes() int64 {
 	return int64(C.dragon_stream_read_bytes(c.stream))
 }
 
-// StreamBuffers is what this context's two layer buffers take, and
-// whether they are read with O_DIRECT (0, false without a Prefetch).
-func (c *Context) StreamBuffers() (bytes int64, direct bool) {
+// StreamBuffers is what this context's two layer buffers take (0
+// without a Prefetch).
+func (c *Context) StreamBuffers() int64 {
 	if c.stream == nil {
-		return 0, false
+		return 0
 	}
-	return int64(C.dragon_stream_buffer_bytes(c.stream)), bool(C.dragon_stream_direct(c.stream))
+	return int64(C.dragon_stream_buffer_bytes(c.stream))
 }
 
 // StreamedUses is how many times one of this context's passes ran a node

@@ -21,13 +21,7 @@ import (
 // first two layers of the next pass ahead of it; not the output head's),
 // and the layers' weights ran from the buffers, not the mapping.
 func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
-	path := realModelPath(t)
-	m, err := Load(path, Options{Threads: 1, InPlace: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { m.Close() })
-	tensors, err := gguf.Tensors(path)
-	require.NoError(t, err)
-	ranges := residency.Reads(tensors, nil, m.Layers())
+	m, ranges := loadInPlace(t)
 	require.NotEmpty(t, ranges)
 	var perPass, ahead, layerWeights int64
 	var largest int64
@@ -55,7 +49,7 @@ func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 	opts := engine.ContextOptions{CtxPerSeq: 256, MaxSeqs: 1, BatchSize: 64}
 	streamed := newCtx(t, m, opts)
 	require.ErrorIs(t, m.SetPrefetch(nil), engine.ErrInvalidInput, "not while a context is open")
-	buffers, _ := streamed.StreamBuffers()
+	buffers := streamed.StreamBuffers()
 	assert.GreaterOrEqual(t, buffers, 2*largest, "two buffers, each of the largest layer")
 	assert.Less(t, buffers, 2*largest+2*int64(len(ranges))*8192, "and the alignment around its spans")
 	plain := newCtx(t, loadReal(t), opts)
@@ -79,6 +73,7 @@ func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 				b.Add(toks[step], c.SeqLen(0), true, 0)
 				require.NoError(t, c.Decode(ctx, &b))
 			}
+			var err error
 			rows[i], err = c.Logits(lastRow(c), nil)
 			require.NoError(t, err)
 		}
@@ -91,6 +86,18 @@ func TestPrefetchStreamsEveryLayerAndChangesNoLogit(t *testing.T) {
 		assert.GreaterOrEqual(t, read, passes*perPass, "step %d: every layer's tensors read once a pass", step)
 		assert.LessOrEqual(t, read, passes*perPass+ahead, "step %d: and the next pass's first two layers, no more", step)
 	}
+}
+
+// loadInPlace loads the real model as a streamed device does (in place,
+// not repacked), and lists what a pass reads of it with nothing pinned.
+func loadInPlace(t *testing.T) (*Model, []residency.Read) {
+	path := realModelPath(t)
+	m, err := Load(path, Options{Threads: 1, InPlace: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { m.Close() })
+	tensors, err := gguf.Tensors(path)
+	require.NoError(t, err)
+	return m, residency.Reads(tensors, nil, m.Layers())
 }
 
 // lastRow is the index of the last row of c's last batch with logits.
@@ -111,13 +118,8 @@ func lastRow(c *Context) int {
 // model, which has no buffers and runs from the mapping, gets what one
 // of an unstreamed model gets, also while the streamed context decodes.
 func TestPrefetchAbortAndTurns(t *testing.T) {
-	path := realModelPath(t)
-	m, err := Load(path, Options{Threads: 1, InPlace: true})
-	require.NoError(t, err)
-	t.Cleanup(func() { m.Close() })
-	tensors, err := gguf.Tensors(path)
-	require.NoError(t, err)
-	require.NoError(t, m.SetPrefetch(&Prefetch{Ranges: residency.Reads(tensors, nil, m.Layers()), Readers: 2}))
+	m, ranges := loadInPlace(t)
+	require.NoError(t, m.SetPrefetch(&Prefetch{Ranges: ranges, Readers: 2}))
 	other := loadReal(t)
 	ctx := context.Background()
 

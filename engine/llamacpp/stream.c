@@ -545,5 +545,3 @@ int64_t dragon_stream_pointed(dragon_stream *s) {
 }
 
 int64_t dragon_stream_buffer_bytes(dragon_stream *s) { return 2 * s->slot_bytes; }
-
-bool dragon_stream_direct(dragon_stream *s) { return s->direct; }

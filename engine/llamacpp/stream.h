@@ -54,7 +54,4 @@ int64_t dragon_stream_pointed(dragon_stream *s);
 // dragon_stream_buffer_bytes is what the two layer buffers take.
 int64_t dragon_stream_buffer_bytes(dragon_stream *s);
 
-// dragon_stream_direct reports whether the buffers are read with O_DIRECT.
-bool dragon_stream_direct(dragon_stream *s);
-
 #endif

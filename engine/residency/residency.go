@@ -143,11 +143,7 @@ const (
 
 // Advise gives the kernel advice on this process's whole mapping of path.
 func Advise(path string, a Advice) error {
-	f, err := adviceFlag(a)
-	if err != nil {
-		return err
-	}
-	maps, err := mappingsOf(path)
+	f, maps, err := adviceOn(path, a)
 	if err != nil {
 		return err
 	}
@@ -165,11 +161,7 @@ func Advise(path string, a Advice) error {
 // small tensor. The output head's reads (Layer == layers) keep the
 // mapping's advice.
 func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
-	f, err := adviceFlag(a)
-	if err != nil {
-		return err
-	}
-	maps, err := mappingsOf(path)
+	f, maps, err := adviceOn(path, a)
 	if err != nil {
 		return err
 	}
@@ -189,13 +181,15 @@ func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
 	return nil
 }
 
-func adviceFlag(a Advice) (uintptr, error) {
+// adviceOn is a's madvise flag and this process's mappings of path.
+func adviceOn(path string, a Advice) (uintptr, []mapping, error) {
 	flag := map[Advice]uintptr{AdviceNormal: syscall.MADV_NORMAL, AdviceSequential: syscall.MADV_SEQUENTIAL, AdviceRandom: syscall.MADV_RANDOM}
 	f, ok := flag[a]
 	if !ok {
-		return 0, fmt.Errorf("residency: no advice %q (normal, sequential, random)", a)
+		return 0, nil, fmt.Errorf("residency: no advice %q (normal, sequential, random)", a)
 	}
-	return f, nil
+	maps, err := mappingsOf(path)
+	return f, maps, err
 }
 
 func madvise(start, end, flag uintptr, a Advice) error {

@@ -82,12 +82,14 @@ func vmLocked(t *testing.T) int64 {
 // TestPinLocksTheMappedTensors: a GGUF file mapped as the engine maps it;
 // Pin locks exactly the pages of the tensors asked for, Unpin lets them
 // go, and a file this process has not mapped is refused.
-func TestPinLocksTheMappedTensors(t *testing.T) {
+// writeModel writes a GGUF file of float32 tensors of the given element
+// counts, in order, and lists its tensors.
+func writeModel(t *testing.T, tensors ...gguf.Tensor) (string, []gguf.Tensor) {
 	var w gguf.Writer
 	w.String("general.architecture", "llama")
-	w.Tensor("blk.0.a", make([]float32, 4096), 4096)   // 16 KiB
-	w.Tensor("blk.0.b", make([]float32, 8192), 8192)   // 32 KiB
-	w.Tensor("blk.1.a", make([]float32, 16384), 16384) // 64 KiB
+	for _, x := range tensors {
+		w.Tensor(x.Name, make([]float32, x.Size), uint64(x.Size))
+	}
 	var b bytes.Buffer
 	_, err := w.WriteTo(&b)
 	require.NoError(t, err)
@@ -95,16 +97,31 @@ func TestPinLocksTheMappedTensors(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
 	ts, err := gguf.Tensors(path)
 	require.NoError(t, err)
+	return path, ts
+}
 
-	_, err = Pin(path, ts)
-	require.ErrorContains(t, err, "not mapped in this process")
-
+// mapFile maps path into this process as the engine does, until the test
+// ends.
+func mapFile(t *testing.T, path string) []byte {
 	f, err := os.Open(path)
 	require.NoError(t, err)
-	defer f.Close()
-	data, err := syscall.Mmap(int(f.Fd()), 0, b.Len(), syscall.PROT_READ, syscall.MAP_SHARED)
+	t.Cleanup(func() { f.Close() })
+	st, err := f.Stat()
 	require.NoError(t, err)
-	defer syscall.Munmap(data)
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(st.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Munmap(data) })
+	return data
+}
+
+func TestPinLocksTheMappedTensors(t *testing.T) {
+	path, ts := writeModel(t, gguf.Tensor{Name: "blk.0.a", Size: 4096}, // 16 KiB
+		gguf.Tensor{Name: "blk.0.b", Size: 8192},  // 32 KiB
+		gguf.Tensor{Name: "blk.1.a", Size: 16384}) // 64 KiB
+
+	_, err := Pin(path, ts)
+	require.ErrorContains(t, err, "not mapped in this process")
+	mapFile(t, path)
 
 	before := vmLocked(t)
 	p, err := Pin(path, ts[1:2]) // blk.0.b: 32 KiB, and the pages it straddles
@@ -121,27 +138,13 @@ func TestPinLocksTheMappedTensors(t *testing.T) {
 // of the layers' reads splits the mapping there (smaps' VmFlags "rr"),
 // and the output head's reads keep the mapping's sequential advice ("sr").
 func TestAdviseLayersAdvisesOnlyTheLayersPages(t *testing.T) {
-	var w gguf.Writer
-	w.String("general.architecture", "llama")
-	w.Tensor("blk.0.a", make([]float32, 16384), 16384) // 64 KiB
-	w.Tensor("output.weight", make([]float32, 16384), 16384)
-	var b bytes.Buffer
-	_, err := w.WriteTo(&b)
-	require.NoError(t, err)
-	path := t.TempDir() + "/m.gguf"
-	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
-	ts, err := gguf.Tensors(path)
-	require.NoError(t, err)
+	path, ts := writeModel(t, gguf.Tensor{Name: "blk.0.a", Size: 16384}, // 64 KiB
+		gguf.Tensor{Name: "output.weight", Size: 16384})
 	reads := Reads(ts, nil, 1)
 	require.Len(t, reads, 2)
 
 	require.ErrorContains(t, AdviseLayers(path, AdviceRandom, reads, 1), "not mapped in this process")
-	f, err := os.Open(path)
-	require.NoError(t, err)
-	defer f.Close()
-	data, err := syscall.Mmap(int(f.Fd()), 0, b.Len(), syscall.PROT_READ, syscall.MAP_SHARED)
-	require.NoError(t, err)
-	defer syscall.Munmap(data)
+	data := mapFile(t, path)
 
 	require.NoError(t, Advise(path, AdviceSequential))
 	require.Error(t, AdviseLayers(path, "sideways", reads, 1))
