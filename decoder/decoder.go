@@ -348,7 +348,7 @@ func (d *Decoder) verifyRows() int {
 // at the first pass that needs them, so a caller sizing memory around the
 // decoder (bench lever's plan) measures after this.
 func (d *Decoder) Reserve(ctx context.Context) error {
-	rows := max(d.verifyRows(), 1)
+	rows := d.verifyRows()
 	if b := d.ectx.Options().BatchSize; b > 0 {
 		rows = min(rows, b)
 	}

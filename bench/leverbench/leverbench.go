@@ -404,10 +404,6 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: o.Readers}); err != nil {
 			return err
 		}
-		// As the device does (cmd/dragon's streamWeights).
-		if err := residency.AdviseLayers(o.Model, residency.AdviceRandom, reads, m.Layers()); err != nil {
-			return err
-		}
 		res.Mode.Readers = o.Readers
 	}
 	d, err := decoder.New(m, dopts)

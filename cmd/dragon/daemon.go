@@ -433,15 +433,6 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	if err := m.SetPrefetch(&llamacpp.Prefetch{Ranges: reads, Readers: f.streamReaders}); err != nil {
 		return fmt.Errorf("--stream-readers: %w", err)
 	}
-	// In the buffers, the layers' pages of the mapping are faulted on
-	// only for the odd small tensor (a layer's first norm runs before its
-	// reads are waited for): a readahead there would read the big tensors
-	// around it into the page cache beside the buffers. The output head,
-	// left to the faults (llamacpp.Prefetch), keeps its sequential
-	// readahead: large reads, not page by page.
-	if err := residency.AdviseLayers(f.model, residency.AdviceRandom, reads, m.Layers()); err != nil {
-		return err
-	}
 	log.Info("--memory-mb: the streamed layers are read into layer buffers", "readers", f.streamReaders, "tensors", len(reads))
 	return nil
 }

@@ -48,9 +48,15 @@ func (m *Model) Layers() int {
 }
 
 // SetPrefetch makes the contexts created from now on stream p's tensors
-// (nil: none). It must come before the model's first context: a context
-// made before it would run its passes on the weights while another's
-// pass points them into its buffers.
+// (nil: none), and advises the layers' pages of the model's mapping
+// random (residency.AdviseLayers): in the buffers, those pages are
+// faulted on only for the odd small tensor (a layer's first norm runs
+// before its reads are waited for), and a readahead there would read the
+// big tensors around it into the page cache beside the buffers. The
+// output head, left to the faults, keeps the mapping's advice. It must
+// come before the model's first context: a context made before it would
+// run its passes on the weights while another's pass points them into
+// its buffers.
 func (m *Model) SetPrefetch(p *Prefetch) error {
 	if n := m.contexts.Load(); n > 0 {
 		return fmt.Errorf("%w: %d contexts of %s are open; set its prefetch before the first", engine.ErrInvalidInput, n, m.info.Name)
@@ -66,6 +72,9 @@ func (m *Model) SetPrefetch(p *Prefetch) error {
 		}
 		if p.Readers < 1 {
 			return fmt.Errorf("%w: prefetch with %d readers", engine.ErrInvalidInput, p.Readers)
+		}
+		if err := residency.AdviseLayers(m.info.Path, residency.AdviceRandom, p.Ranges, n); err != nil {
+			return fmt.Errorf("llamacpp: prefetch: %w", err)
 		}
 	}
 	m.prefetch.Store(p)
