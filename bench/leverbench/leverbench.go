@@ -11,6 +11,7 @@ package leverbench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -56,6 +57,9 @@ type Options struct {
 	MaxTokens  int
 	BudgetMB   int
 	Modes      []string
+	// Repeats runs every mode that many times, the modes in turn; a
+	// mode's figures are then its median run's by tokens/s.
+	Repeats int
 	// Pin locks the part of the weights the budget holds beside the rest
 	// (residency.Plan) in every budgeted mode; without it the kernel's LRU
 	// alone decides what stays.
@@ -71,6 +75,12 @@ type Options struct {
 	// the speculative modes also draft from a store of the earlier
 	// answers (issue 57's related prompts): 2 × Prompts prompts.
 	FollowUps bool
+	// MaxDraft caps the speculative modes' drafts (0:
+	// specdec.DefaultOptions's).
+	MaxDraft int
+	// VerifyAll verifies every draft whole, the cost model off: the most
+	// tokens a pass the drafts can give, whatever the pass costs.
+	VerifyAll bool
 	Log       func(format string, args ...any)
 }
 
@@ -86,6 +96,7 @@ type Report struct {
 	Prompts         int             `json:"prompts"`
 	FollowUps       bool            `json:"follow_ups,omitempty"`
 	MaxTokens       int             `json:"max_tokens"`
+	Repeats         int             `json:"repeats"`
 	GreedyIdentical bool            `json:"greedy_identical"`
 	Modes           map[string]Mode `json:"modes"`
 	// Differ lists the modes and prompts whose greedy output is not the
@@ -118,11 +129,37 @@ type Mode struct {
 	// tokens came from the context's drafts).
 	ModelDrafted  uint64 `json:"model_drafted,omitempty"`
 	ModelAccepted uint64 `json:"model_accepted,omitempty"`
+	// Drafts, Drafted and Accepted count the passes that verified a
+	// draft, the draft tokens verified and those accepted, every source
+	// together: what bounds accepted_per_pass.
+	Drafts   uint64 `json:"drafts,omitempty"`
+	Drafted  uint64 `json:"drafted_tokens,omitempty"`
+	Accepted uint64 `json:"accepted_tokens,omitempty"`
 	// Advice is the madvise the model's mapping had.
 	Advice residency.Advice `json:"advice"`
 	// Refused says why the mode could not run within the budget (its
 	// other figures are then empty).
 	Refused string `json:"refused,omitempty"`
+	// TokSRuns are the tokens/s of every run of the mode, in order, when
+	// it ran more than once (Options.Repeats); the other figures are the
+	// median run's.
+	TokSRuns []float64 `json:"tok_s_runs,omitempty"`
+}
+
+// medianRun is the run of median tokens/s (the lower of the middle two
+// of an even count), with every run's tokens/s beside it.
+func medianRun(runs []Mode) Mode {
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	sorted := slices.Clone(runs)
+	slices.SortStableFunc(sorted, func(a, b Mode) int { return cmp.Compare(a.TokS, b.TokS) })
+	m := sorted[(len(sorted)-1)/2]
+	m.TokSRuns = make([]float64, len(runs))
+	for i, r := range runs {
+		m.TokSRuns[i] = r.TokS
+	}
+	return m
 }
 
 // childResult is what one child prints last.
@@ -138,36 +175,46 @@ func Run(ctx context.Context, o Options) (Report, error) {
 		return Report{}, fmt.Errorf("lever: the model: %w", err)
 	}
 	rep := Report{Date: time.Now().UTC().Format(time.RFC3339), Model: o.Model, WeightMB: mb(st.Size()), BudgetMB: o.BudgetMB,
-		Prompts: o.Prompts, FollowUps: o.FollowUps, MaxTokens: o.MaxTokens, GreedyIdentical: true, Modes: map[string]Mode{}}
-	var ref [][]engine.Token
+		Prompts: o.Prompts, FollowUps: o.FollowUps, MaxTokens: o.MaxTokens, Repeats: max(o.Repeats, 1), GreedyIdentical: true, Modes: map[string]Mode{}}
 	for _, mode := range o.Modes {
 		if !slices.Contains(Modes, mode) {
 			return rep, fmt.Errorf("lever: no mode %q (%s)", mode, strings.Join(Modes, ", "))
 		}
-		res, baseline, err := runChild(ctx, o, mode)
-		if err != nil {
-			return rep, err
-		}
-		if mode != "unbudgeted" {
-			rep.BaselineMB = baseline
-		}
-		rep.Modes[mode] = res.Mode
-		if o.Log != nil {
-			o.Log("lever: %s: %+v", mode, res.Mode)
-		}
-		if res.Mode.Refused != "" {
-			continue
-		}
-		if ref == nil {
-			ref = res.Outputs
-			continue
-		}
-		for i := range ref {
-			if i >= len(res.Outputs) || !slices.Equal(ref[i], res.Outputs[i]) {
-				rep.GreedyIdentical = false
-				rep.Differ = append(rep.Differ, fmt.Sprintf("%s, prompt %d", mode, i))
+	}
+	// Rounds of every mode in turn, so that a drift of the storage's speed
+	// (2× over a night on a shared VM) falls on every mode alike.
+	runs := map[string][]Mode{}
+	var ref [][]engine.Token
+	for round := 0; round < max(o.Repeats, 1); round++ {
+		for _, mode := range o.Modes {
+			res, baseline, err := runChild(ctx, o, mode)
+			if err != nil {
+				return rep, err
+			}
+			if mode != "unbudgeted" {
+				rep.BaselineMB = baseline
+			}
+			runs[mode] = append(runs[mode], res.Mode)
+			if o.Log != nil {
+				o.Log("lever: round %d: %s: %+v", round+1, mode, res.Mode)
+			}
+			if res.Mode.Refused != "" {
+				continue
+			}
+			if ref == nil {
+				ref = res.Outputs
+				continue
+			}
+			for i := range ref {
+				if i >= len(res.Outputs) || !slices.Equal(ref[i], res.Outputs[i]) {
+					rep.GreedyIdentical = false
+					rep.Differ = append(rep.Differ, fmt.Sprintf("%s, round %d, prompt %d", mode, round+1, i))
+				}
 			}
 		}
+	}
+	for mode, rs := range runs {
+		rep.Modes[mode] = medianRun(rs)
 	}
 	return rep, nil
 }
@@ -185,6 +232,7 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 	}
 	argv := []string{o.Self, "bench", "lever", "--child", mode, "--model", o.Model, "--draft-model", o.DraftModel, "--corpus", o.Corpus,
 		"--n", strconv.Itoa(o.Prompts), "--follow-ups=" + strconv.FormatBool(o.FollowUps), "--max-tokens", strconv.Itoa(o.MaxTokens), "--budget-mb", strconv.Itoa(o.BudgetMB),
+		"--max-draft", strconv.Itoa(o.MaxDraft), "--verify-all=" + strconv.FormatBool(o.VerifyAll),
 		"--pin=" + strconv.FormatBool(o.Pin && mode != "unbudgeted"), "--readers", strconv.Itoa(o.Readers), "--advice", string(o.Advice)}
 	if mode == "unbudgeted" {
 		argv[len(argv)-1] = string(residency.AdviceNormal)
@@ -266,6 +314,8 @@ type ChildOptions struct {
 	Advice    residency.Advice
 	Readers   int
 	FollowUps bool
+	MaxDraft  int
+	VerifyAll bool
 }
 
 // historyTokens is the store of earlier answers the speculative modes
@@ -283,6 +333,9 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	spec, ok := specOf(o.Mode)
 	if !ok {
 		return fmt.Errorf("lever: no mode %q", o.Mode)
+	}
+	if spec.Enabled && o.MaxDraft > 0 {
+		spec.MaxDraft = o.MaxDraft
 	}
 	prompts, err := promptset.BuiltIn(o.Corpus, o.Prompts, 1)
 	var history *specdec.History
@@ -338,7 +391,8 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	// Passes of at most 64 tokens, as a device streaming its weights
 	// makes them (cmd/dragon's streamUbatch), in every mode alike: the
 	// logits of 512 would take 311 MiB of the budget at Qwen's vocabulary.
-	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant, History: history}
+	dopts := decoder.Options{MaxPassages: 1, CtxPerSeq: 1024, Threads: 1, Spec: spec, BatchSize: 64, Assistant: assistant, History: history,
+		NoCostModel: o.VerifyAll}
 	// A decoder that measures nothing sizes the context (its KV and
 	// compute buffers) first, so that what the budget leaves to locked
 	// weights is measured beside it. The one that decodes is made after
@@ -431,6 +485,9 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		steps += r.Steps
 		res.Mode.ModelDrafted += r.Spec.ByOrigin[specdec.OriginModel].DraftedTokens
 		res.Mode.ModelAccepted += r.Spec.ByOrigin[specdec.OriginModel].AcceptedTokens
+		res.Mode.Drafts += r.Spec.Drafts
+		res.Mode.Drafted += r.Spec.DraftedTokens
+		res.Mode.Accepted += r.Spec.AcceptedTokens
 		decodeMS += r.DecodeMS
 		ttft = append(ttft, r.TTFTMS)
 		res.Outputs = append(res.Outputs, r.Tokens)

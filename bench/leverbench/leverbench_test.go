@@ -49,3 +49,22 @@ func TestProcReads(t *testing.T) {
 	assert.Error(t, err)
 	assert.GreaterOrEqual(t, readFromStorage(), int64(0))
 }
+
+// TestMedianRun: the run of median tokens/s, the lower middle of an even
+// count, with every run's tokens/s in run order; one run as it is.
+func TestMedianRun(t *testing.T) {
+	one := Mode{TokS: 3, PinnedMB: 1}
+	assert.Equal(t, one, medianRun([]Mode{one}))
+	for _, c := range []struct {
+		name string
+		runs []Mode
+		want Mode
+	}{
+		{"odd", []Mode{{TokS: 5, PinnedMB: 1}, {TokS: 2, PinnedMB: 2}, {TokS: 3, PinnedMB: 3}},
+			Mode{TokS: 3, PinnedMB: 3, TokSRuns: []float64{5, 2, 3}}},
+		{"even", []Mode{{TokS: 4, PinnedMB: 1}, {TokS: 1, PinnedMB: 2}, {TokS: 3, PinnedMB: 3}, {TokS: 2, PinnedMB: 4}},
+			Mode{TokS: 2, PinnedMB: 4, TokSRuns: []float64{4, 1, 3, 2}}},
+	} {
+		assert.Equal(t, c.want, medianRun(c.runs), c.name)
+	}
+}

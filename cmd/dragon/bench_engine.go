@@ -20,12 +20,13 @@ func newBenchEngineCmd() *cobra.Command {
 		onlyRows, onlySeqs int
 		seconds            float64
 		asJSON, unified    bool
+		inPlace            bool
 	)
 	cmd := &cobra.Command{
 		Use:   "engine",
 		Short: "Decode, batched verification, multi-sequence decode and prefill costs",
 		RunE: func(cmd *cobra.Command, args []string) error {
-			m, err := llamacpp.Load(modelPath, llamacpp.Options{Threads: threads})
+			m, err := llamacpp.Load(modelPath, llamacpp.Options{Threads: threads, InPlace: inPlace})
 			if err != nil {
 				return err
 			}
@@ -78,6 +79,7 @@ func newBenchEngineCmd() *cobra.Command {
 	f.IntVar(&ctx, "ctx", 256, "context held when decoding")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	f.BoolVar(&unified, "unified", false, "one KV buffer for all sequences")
+	f.BoolVar(&inPlace, "in-place", false, "compute from the file's pages, never repacked (as a model streamed under --memory-mb)")
 	f.StringVar(&profile, "cpuprofile", "", "write a Go CPU profile")
 	f.IntVar(&onlyRows, "only-rows", 0, "only repeat passes of this many rows of each sequence (for perf record)")
 	f.IntVar(&onlySeqs, "only-seqs", 1, "with --only-rows: sequences in each pass")

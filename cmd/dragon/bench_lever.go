@@ -39,13 +39,15 @@ speculative modes also draft from the earlier answers. The draft mode also keeps
 memory within the same budget (Lever's draft model) and drafts from it or
 from the context, whichever the cost model expects more of per millisecond;
 trees-draft grows token trees from the context with the draft model's
-greedy draft as one more branch.`,
+greedy draft as one more branch. --repeats N runs the modes in turn N
+times and reports each mode's median run, every run's tokens/s beside it:
+on shared storage single runs of the same mode differ by 1.5×.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
 				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
 					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice, Readers: o.Readers,
-					FollowUps: o.FollowUps})
+					FollowUps: o.FollowUps, MaxDraft: o.MaxDraft, VerifyAll: o.VerifyAll})
 			}
 			self, err := os.Executable()
 			if err != nil {
@@ -67,6 +69,9 @@ greedy draft as one more branch.`,
 	f.IntVar(&o.Prompts, "n", 4, "prompts")
 	f.BoolVar(&o.FollowUps, "follow-ups", false, "held-out prompts, each followed by its question in other words over the same passage, with the speculative modes also drafting from a store of the earlier answers (related prompts)")
 	f.IntVar(&o.MaxTokens, "max-tokens", 32, "tokens decoded per prompt")
+	f.IntVar(&o.MaxDraft, "max-draft", 0, "longest draft of the speculative modes, in tokens (0: the drafter's default, 8)")
+	f.BoolVar(&o.VerifyAll, "verify-all", false, "verify every draft whole, the cost model off (the most tokens a pass the drafts give)")
+	f.IntVar(&o.Repeats, "repeats", 1, "runs of every mode, the modes in turn; each mode reports its median run by tokens/s")
 	f.IntVar(&o.BudgetMB, "budget-mb", 600, "memory budget, MiB, beside the process's own baseline")
 	f.StringSliceVar(&o.Modes, "modes", leverbench.Modes, "modes to run, in order (the first is the greedy reference)")
 	f.BoolVar(&o.Pin, "pin", true, "lock the part of the weights the budget holds (every pass reads the rest from storage once); false leaves it to the kernel's LRU")

@@ -109,12 +109,16 @@ func TestBatchRowsEqualOneByOne(t *testing.T) {
 	// take our rows kernel (scripts/llama-repack.patch). The 0.5B repacks
 	// only its few Q4_K matrices 256-divisible wide; the 1.5B is all Q4_K
 	// and Q6_K.
+	// Read in place, as a model streamed under a memory budget is, the
+	// 1.5B's Q4_K matrices are not repacked: passes of 2 rows and more take
+	// our in-place Q4_K kernel (scripts/llama-kernels.patch).
 	for _, q := range []struct {
-		name string
-		path func(testing.TB) string
-	}{{"Qwen 0.5B", testmodel.QwenDevicePath}, {"Qwen 1.5B", testmodel.QwenCloudPath}} {
+		name    string
+		path    func(testing.TB) string
+		inPlace bool
+	}{{"Qwen 0.5B", testmodel.QwenDevicePath, false}, {"Qwen 1.5B", testmodel.QwenCloudPath, false}, {"Qwen 1.5B in place", testmodel.QwenCloudPath, true}} {
 		t.Run(q.name, func(t *testing.T) {
-			m, err := Load(q.path(t), Options{Threads: 1})
+			m, err := Load(q.path(t), Options{Threads: 1, InPlace: q.inPlace})
 			require.NoError(t, err)
 			t.Cleanup(func() { m.Close() })
 			batchRowsEqualOneByOne(t, m)
