@@ -725,3 +725,33 @@ func TestHistoryDraftsFromEarlierAnswers(t *testing.T) {
 	assert.Less(t, again.Steps, first.Steps, "the earlier answer drafts the new one")
 	t.Logf("passes: plain %d, first %d, again %d (accepted %d → %d)", want.Steps, first.Steps, again.Steps, first.Spec.AcceptedTokens, again.Spec.AcceptedTokens)
 }
+
+// TestSpecTraceTimesEveryPass: every linear step after the first (decided
+// by the prefill for free) reaches SpecTrace once, with its pass's time;
+// verified steps carry the draft they verified.
+func TestSpecTraceTimesEveryPass(t *testing.T) {
+	copier := fake.Config{Seed: 3, Vocab: 300, Copy: 6, CopyOrder: 1, CallLatency: time.Millisecond}
+	var events []SpecEvent
+	_, d := newFakeWith(t, copier, Options{Spec: specdec.DefaultOptions(), NoCostModel: true,
+		SpecTrace: func(e SpecEvent) { events = append(events, e) }})
+	ctx := context.Background()
+	require.NoError(t, d.Start(ctx, "Repeat: the lamp, the lamp, the lamp at dusk; the lamp at dawn", threePassages))
+	defer d.Finish()
+	greedy := func(mix []float32, _ int, _ []engine.Token) (engine.Token, error) {
+		return engine.Token(sampling.Argmax(mix)), nil
+	}
+	for len(d.Generated()) < 30 {
+		_, err := d.Step(ctx, greedy, 8)
+		require.NoError(t, err)
+	}
+	require.Len(t, events, d.Steps()-1)
+	verified := 0
+	for i, e := range events {
+		assert.GreaterOrEqual(t, e.PassMs, 1.0, "event %d: the fake's call takes a millisecond", i)
+		if e.Verified {
+			verified++
+			assert.NotEmpty(t, e.Draft.Tokens, "event %d", i)
+		}
+	}
+	assert.Positive(t, verified, "drafts were verified")
+}

@@ -200,10 +200,11 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 				return nil, err
 			}
 		} else if specOn {
+			passMS := since(stepStart)
 			if d.opts.SpecTrace != nil {
-				d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - 1, Draft: draft})
+				d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - 1, Draft: draft, PassMs: passMS})
 			}
-			d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: since(stepStart)})
+			d.cost.Observe(plan, specdec.Outcome{Rows: len(d.prompts), Seqs: len(d.prompts), VerifyMs: passMS})
 			d.shadow.Offer(draft)
 			d.shadow.Emitted(d.acc, tok)
 			if err := d.drafter.Append(tok); err != nil {
@@ -252,7 +253,7 @@ func (d *Decoder) Step(ctx context.Context, choose Chooser, limit int) ([]engine
 	d.stats.RecordDraft(draft.Origin, len(toks), v.Accepted)
 	if d.opts.SpecTrace != nil {
 		draft.Tokens = toks
-		d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - len(v.Emit), Draft: draft, Accepted: v.Accepted, Verified: true})
+		d.opts.SpecTrace(SpecEvent{Pos: len(d.gen) - len(v.Emit), Draft: draft, Accepted: v.Accepted, Verified: true, PassMs: verifyMS})
 	}
 	return v.Emit, nil
 }
@@ -270,6 +271,10 @@ type SpecEvent struct {
 	Accepted int
 	// Verified is false for a plain step.
 	Verified bool
+	// PassMs is the step's forward pass: the verification of
+	// len(Draft.Tokens)+1 rows a sequence when Verified, else the
+	// one-token pass.
+	PassMs float64
 }
 
 // Rewind keeps the first n tokens of the answer and continues it with toks:

@@ -140,10 +140,36 @@ type Mode struct {
 	// Refused says why the mode could not run within the budget (its
 	// other figures are then empty).
 	Refused string `json:"refused,omitempty"`
+	// PassMS are the linear speculative modes' forward passes by their
+	// rows (a one-token pass, or a verification of a draft and the token
+	// before it), timed as the decoder steps: 1- and k-row passes of one
+	// run interleave, so their ratio holds through a drift of the
+	// storage's speed that tokens/s across runs does not.
+	PassMS map[int]PassTimes `json:"pass_ms_by_rows,omitempty"`
 	// TokSRuns are the tokens/s of every run of the mode, in order, when
 	// it ran more than once (Options.Repeats); the other figures are the
 	// median run's.
 	TokSRuns []float64 `json:"tok_s_runs,omitempty"`
+}
+
+// PassTimes are the passes of one size.
+type PassTimes struct {
+	Passes   int     `json:"passes"`
+	MedianMS float64 `json:"median_ms"`
+}
+
+// passTimes summarizes pass milliseconds by rows.
+func passTimes(byRows map[int][]float64) map[int]PassTimes {
+	if len(byRows) == 0 {
+		return nil
+	}
+	out := make(map[int]PassTimes, len(byRows))
+	for rows, ms := range byRows {
+		sorted := slices.Sorted(slices.Values(ms))
+		n := len(sorted)
+		out[rows] = PassTimes{Passes: n, MedianMS: (sorted[(n-1)/2] + sorted[n/2]) / 2}
+	}
+	return out
 }
 
 // medianRun is the run of median tokens/s (the lower of the middle two
@@ -460,6 +486,14 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		}
 		res.Mode.Readers = o.Readers
 	}
+	passMS := map[int][]float64{}
+	dopts.SpecTrace = func(e decoder.SpecEvent) {
+		rows := 1
+		if e.Verified {
+			rows += len(e.Draft.Tokens)
+		}
+		passMS[rows] = append(passMS[rows], e.PassMs)
+	}
 	d, err := decoder.New(m, dopts)
 	if err != nil {
 		return err
@@ -496,6 +530,7 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 		res.Mode.TokS, res.Mode.PassesPerToken = float64(tokens)/(decodeMS/1000), float64(steps)/float64(tokens)
 		res.Mode.ReadMBPerToken, res.Mode.AcceptedPerPass = readBytes/(1<<20)/float64(tokens), float64(tokens)/float64(steps)
 	}
+	res.Mode.PassMS = passTimes(passMS)
 	slices.Sort(ttft)
 	res.Mode.TTFTMS = ttft[len(ttft)/2]
 	res.Mode.PeakRSSMB, _ = procStatus("VmHWM")
