@@ -45,21 +45,17 @@ import (
 // (docs/BENCHMARKS.md measures what that costs).
 var Modes = []string{"unbudgeted", "plain", "linear", "trees", "draft", "trees-draft"}
 
-// Options of a run.
-type Options struct {
-	// Self is the dragon binary, run once per mode as the child.
-	Self  string
+// Settings are what every mode's child runs with.
+type Settings struct {
 	Model string
 	// DraftModel is the draft mode's smaller model.
 	DraftModel string
 	Corpus     string // the built-in prompt set's corpus folder
 	Prompts    int
 	MaxTokens  int
-	BudgetMB   int
-	Modes      []string
-	// Repeats runs every mode that many times, the modes in turn; a
-	// mode's figures are then its median run's by tokens/s.
-	Repeats int
+	// BudgetMB and Pin: lock what the budget holds of the weights, beside
+	// the memory the child already uses and room to page a layer in.
+	BudgetMB int
 	// Pin locks the part of the weights the budget holds beside the rest
 	// (residency.Plan) in every budgeted mode; without it the kernel's LRU
 	// alone decides what stays.
@@ -81,7 +77,18 @@ type Options struct {
 	// VerifyAll verifies every draft whole, the cost model off: the most
 	// tokens a pass the drafts can give, whatever the pass costs.
 	VerifyAll bool
-	Log       func(format string, args ...any)
+}
+
+// Options of a run.
+type Options struct {
+	Settings
+	// Self is the dragon binary, run once per mode as the child.
+	Self  string
+	Modes []string
+	// Repeats runs every mode that many times, the modes in turn; a
+	// mode's figures are then its median run's by tokens/s.
+	Repeats int
+	Log     func(format string, args ...any)
 }
 
 // Report is what dragon bench lever --json prints.
@@ -327,21 +334,8 @@ func runChild(ctx context.Context, o Options, mode string) (childResult, float64
 
 // ChildOptions are a child's: one mode.
 type ChildOptions struct {
-	Mode       string
-	Model      string
-	DraftModel string
-	Corpus     string
-	Prompts    int
-	MaxTokens  int
-	// BudgetMB and Pin: lock what the budget holds of the weights, beside
-	// the memory the child already uses and room to page a layer in.
-	BudgetMB  int
-	Pin       bool
-	Advice    residency.Advice
-	Readers   int
-	FollowUps bool
-	MaxDraft  int
-	VerifyAll bool
+	Mode string
+	Settings
 }
 
 // historyTokens is the store of earlier answers the speculative modes

@@ -45,9 +45,7 @@ on shared storage single runs of the same mode differ by 1.5×.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if child != "" {
-				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{
-					Mode: child, Model: o.Model, DraftModel: o.DraftModel, Corpus: o.Corpus, Prompts: o.Prompts, MaxTokens: o.MaxTokens, BudgetMB: o.BudgetMB, Pin: o.Pin, Advice: o.Advice, Readers: o.Readers,
-					FollowUps: o.FollowUps, MaxDraft: o.MaxDraft, VerifyAll: o.VerifyAll})
+				return leverbench.Child(cmd.Context(), os.Stdin, cmd.OutOrStdout(), leverbench.ChildOptions{Mode: child, Settings: o.Settings})
 			}
 			self, err := os.Executable()
 			if err != nil {
