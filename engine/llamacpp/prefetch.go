@@ -76,6 +76,9 @@ func (m *Model) SetPrefetch(p *Prefetch) error {
 		if err := residency.AdviseLayers(m.info.Path, residency.AdviceRandom, p.Ranges, n); err != nil {
 			return fmt.Errorf("llamacpp: prefetch: %w", err)
 		}
+		// The contexts' readers read the layers alone; the head is left
+		// to the faults.
+		p = &Prefetch{Ranges: slices.DeleteFunc(slices.Clone(p.Ranges), func(r residency.Read) bool { return r.Layer == n }), Readers: p.Readers}
 	}
 	m.prefetch.Store(p)
 	return nil
@@ -89,8 +92,7 @@ func (m *Model) newStream() (*C.dragon_stream, error) {
 	if p == nil {
 		return nil, nil
 	}
-	layers := int(C.llama_model_n_layer(m.c))
-	ranges := slices.DeleteFunc(slices.Clone(p.Ranges), func(r residency.Read) bool { return r.Layer >= layers })
+	ranges := p.Ranges
 	n := len(ranges)
 	if n == 0 {
 		return nil, nil
@@ -113,7 +115,7 @@ func (m *Model) newStream() (*C.dragon_stream, error) {
 	}()
 	path := C.CString(m.info.Path)
 	defer C.free(unsafe.Pointer(path))
-	s := C.dragon_stream_new(path, C.int32_t(layers), C.int32_t(n), &layer[0], &names[0], &off[0], &size[0], C.int32_t(p.Readers))
+	s := C.dragon_stream_new(path, C.int32_t(m.Layers()), C.int32_t(n), &layer[0], &names[0], &off[0], &size[0], C.int32_t(p.Readers))
 	if s == nil {
 		return nil, fmt.Errorf("llamacpp: could not start %d readers and the layer buffers of %s", p.Readers, m.info.Path)
 	}
