@@ -159,10 +159,12 @@ type Mode struct {
 	TokSRuns []float64 `json:"tok_s_runs,omitempty"`
 }
 
-// PassTimes are the passes of one size.
+// PassTimes are the passes of one size: the slowest beside the median,
+// since a pass stalled on the page cache shows in no median.
 type PassTimes struct {
 	Passes   int     `json:"passes"`
 	MedianMS float64 `json:"median_ms"`
+	MaxMS    float64 `json:"max_ms"`
 }
 
 // passTimes summarizes pass milliseconds by rows.
@@ -174,7 +176,7 @@ func passTimes(byRows map[int][]float64) map[int]PassTimes {
 	for rows, ms := range byRows {
 		sorted := slices.Sorted(slices.Values(ms))
 		n := len(sorted)
-		out[rows] = PassTimes{Passes: n, MedianMS: (sorted[(n-1)/2] + sorted[n/2]) / 2}
+		out[rows] = PassTimes{Passes: n, MedianMS: (sorted[(n-1)/2] + sorted[n/2]) / 2, MaxMS: sorted[n-1]}
 	}
 	return out
 }
@@ -398,6 +400,9 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			return fmt.Errorf("lever: the draft model: %w", err)
 		}
 		defer p.Unpin()
+		if err := residency.AdviseRows(o.DraftModel); err != nil {
+			return fmt.Errorf("lever: the draft model: %w", err)
+		}
 		draftPinned = p.Bytes
 		res.Mode.DraftPinnedMB = mb(p.Bytes)
 	}
@@ -440,6 +445,9 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 	if err := residency.Advise(o.Model, o.Advice); err != nil {
 		return err
 	}
+	if err := residency.AdviseRows(o.Model); err != nil {
+		return err
+	}
 	res.Mode.Advice = o.Advice
 	tensors, err := gguf.Tensors(o.Model)
 	if err != nil {
@@ -458,6 +466,12 @@ func Child(ctx context.Context, in io.Reader, out io.Writer, o ChildOptions) err
 			return json.NewEncoder(out).Encode(childResult{Mode: Mode{Refused: fmt.Sprintf(
 				"a budget of %d MiB cannot hold the draft model's %.0f MiB beside the target's least (two layers' pages and %d MiB); the least is %.0f MiB",
 				o.BudgetMB, mb(draftPinned), pinSlack>>20, float64(o.BudgetMB)-mb(room))}})
+		}
+		if room < residency.HeadBytes(tensors) {
+			// The output head is left to the mapping's faults: what would
+			// have pinned part of a layer keeps room for their readahead
+			// in the page cache instead, as the device's plan does.
+			room -= min(max(room, 0), residency.FaultRoom(o.Model))
 		}
 		pin, _ = residency.Plan(tensors, room)
 		p, err := residency.Pin(o.Model, pin)

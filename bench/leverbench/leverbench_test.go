@@ -69,12 +69,12 @@ func TestMedianRun(t *testing.T) {
 	}
 }
 
-// TestPassTimes: each size's count and median (the mean of the middle two
-// of an even count); none, nil.
+// TestPassTimes: each size's count, median (the mean of the middle two
+// of an even count) and slowest; none, nil.
 func TestPassTimes(t *testing.T) {
 	assert.Nil(t, passTimes(nil))
 	assert.Equal(t, map[int]PassTimes{
-		1: {Passes: 3, MedianMS: 300},
-		9: {Passes: 4, MedianMS: 525},
+		1: {Passes: 3, MedianMS: 300, MaxMS: 310},
+		9: {Passes: 4, MedianMS: 525, MaxMS: 600},
 	}, passTimes(map[int][]float64{1: {310, 290, 300}, 9: {600, 500, 550, 480}}))
 }

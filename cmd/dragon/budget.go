@@ -43,6 +43,9 @@ type memoryPlan struct {
 	Streamed       bool
 	Ubatch         int
 	Pinned, Window int64
+	// HeadRoom is the part of Window left to the faults' readahead of an
+	// output head that is not pinned (streamShape.HeadFaults at most).
+	HeadRoom int64
 	// Draft is what a draft model (--draft-model) takes: its weights, kept
 	// in memory whole (locked when the target's are streamed), its compute
 	// and its KV for as many sequences as the target's (KV is the
@@ -68,13 +71,15 @@ type memoryPlan struct {
 //	pinned = budget − compute − prefix cache − KV − 2 × the largest layer − slack
 //
 // of the weights are locked in memory, the rest read from the file by
-// every pass. It fails when even that cannot hold one sequence, naming the
-// least budget that can.
+// every pass. When that cannot hold the output head, the head runs from
+// the mapping's faults, and up to shape.HeadFaults of pinned is left to
+// the page cache for their readahead. It fails when even that cannot
+// hold one sequence, naming the least budget that can.
 //
 // A draft model (draft.Weights > 0) is kept in memory whole beside it:
 // its weights and compute are taken from the budget first, and each
 // sequence also costs the draft's KV, since it holds the same passages.
-func planMemory(budget int64, fp, draft llamacpp.Footprint, ctx, maxPassages int, cache, largestLayer int64) (memoryPlan, error) {
+func planMemory(budget int64, fp, draft llamacpp.Footprint, ctx, maxPassages int, cache int64, shape streamShape) (memoryPlan, error) {
 	compute := func(f llamacpp.Footprint, ubatch int) int64 { return int64(ubatch) * int64(f.Vocab+f.Heads*ctx) * 4 }
 	drafted := draft.Weights > 0
 	draftFixed := func(ubatch int) int64 {
@@ -96,7 +101,7 @@ func planMemory(budget int64, fp, draft llamacpp.Footprint, ctx, maxPassages int
 		return p, nil
 	}
 	p.Streamed, p.Ubatch, p.Compute = true, streamUbatch, compute(fp, streamUbatch)
-	p.Window = 2*largestLayer + streamSlack
+	p.Window = 2*shape.LargestLayer + streamSlack
 	fixed := p.Compute + p.Cache + p.Window + draftFixed(streamUbatch)
 	if budget-fixed < perSeq+draftSeq {
 		var withDraft string
@@ -108,7 +113,27 @@ func planMemory(budget int64, fp, draft llamacpp.Footprint, ctx, maxPassages int
 	}
 	fits(fixed)
 	p.Pinned = min(budget-p.Compute-p.Cache-p.Window-p.KV-p.Draft, p.Weights)
+	if p.Pinned < shape.Head {
+		// The output head is not pinned, so the pass's faults read it
+		// through the page cache: what would have pinned part of a layer
+		// keeps room for their readahead instead.
+		p.HeadRoom = min(p.Pinned, shape.HeadFaults)
+		p.Window += p.HeadRoom
+		p.Pinned -= p.HeadRoom
+	}
 	return p, nil
+}
+
+// streamShape is what a streamed plan needs to know of the model file
+// (engine/residency).
+type streamShape struct {
+	// LargestLayer is the bytes of the largest layer, two of which the
+	// plan keeps room for.
+	LargestLayer int64
+	// Head is the output projection's bytes, which every pass reads
+	// whole; HeadFaults is the page cache its faults want when the plan
+	// cannot pin it (residency.FaultRoom).
+	Head, HeadFaults int64
 }
 
 // mib rounds bytes up to MiB.

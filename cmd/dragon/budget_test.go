@@ -49,7 +49,7 @@ func TestPlanMemory(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, err := planMemory(c.budget, smol, llamacpp.Footprint{}, 1024, c.maxPassages, c.cache, layer)
+			p, err := planMemory(c.budget, smol, llamacpp.Footprint{}, 1024, c.maxPassages, c.cache, streamShape{LargestLayer: layer})
 			if c.want == 0 {
 				require.Error(t, err)
 				assert.Contains(t, err.Error(), "cannot hold one passage sequence even with the weights (137 MiB) streamed")
@@ -87,7 +87,7 @@ func TestPlanMemoryWithDraft(t *testing.T) {
 	draftCompute := func(ubatch int64) int64 { return ubatch * (49_152 + 9*ctx) * 4 }
 	draftSeq := int64(ctx) * smol.KVPerToken
 	t.Run("everything fits", func(t *testing.T) {
-		p, err := planMemory(4<<30, target, smol, ctx, 4, 0, layer)
+		p, err := planMemory(4<<30, target, smol, ctx, 4, 0, streamShape{LargestLayer: layer})
 		require.NoError(t, err)
 		assert.False(t, p.Streamed)
 		assert.Equal(t, 4, p.Sequences)
@@ -96,28 +96,68 @@ func TestPlanMemoryWithDraft(t *testing.T) {
 	})
 	t.Run("the target streamed beside it", func(t *testing.T) {
 		budget := int64(600 << 20)
-		p, err := planMemory(budget, target, smol, ctx, 4, 0, layer)
+		p, err := planMemory(budget, target, smol, ctx, 4, 0, streamShape{LargestLayer: layer})
 		require.NoError(t, err)
 		require.True(t, p.Streamed)
 		assert.Equal(t, smol.Weights+draftCompute(streamUbatch)+int64(p.Sequences)*draftSeq, p.Draft)
 		assert.Equal(t, budget, p.Compute+p.Cache+p.KV+p.Window+p.Pinned+p.Draft, "what is not spent otherwise is pinned")
-		alone, err := planMemory(budget, target, llamacpp.Footprint{}, ctx, 4, 0, layer)
+		alone, err := planMemory(budget, target, llamacpp.Footprint{}, ctx, 4, 0, streamShape{LargestLayer: layer})
 		require.NoError(t, err)
 		assert.Less(t, p.Pinned, alone.Pinned-smol.Weights, "the draft's memory comes out of the target's pinned weights")
 	})
 	t.Run("too small for the draft", func(t *testing.T) {
-		_, err := planMemory(200<<20, target, smol, ctx, 4, 0, layer)
+		_, err := planMemory(200<<20, target, smol, ctx, 4, 0, streamShape{LargestLayer: layer})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "the draft model kept whole")
 		var least int64
 		_, err = fmt.Sscanf(err.Error()[strings.Index(err.Error(), "at least --memory-mb "):], "at least --memory-mb %d", &least)
 		require.NoError(t, err)
-		p, err := planMemory(least<<20, target, smol, ctx, 4, 0, layer)
+		p, err := planMemory(least<<20, target, smol, ctx, 4, 0, streamShape{LargestLayer: layer})
 		require.NoError(t, err, "the least named plans")
 		assert.Equal(t, 1, p.Sequences)
-		_, err = planMemory(200<<20, target, llamacpp.Footprint{}, ctx, 4, 0, layer)
+		_, err = planMemory(200<<20, target, llamacpp.Footprint{}, ctx, 4, 0, streamShape{LargestLayer: layer})
 		assert.NoError(t, err, "without the draft it fits")
 	})
+}
+
+// TestPlanMemoryLeavesRoomForAnUnpinnedHead: when what is pinned cannot
+// hold the output head, up to HeadFaults of it is left to the page cache
+// for the head's readahead; the least budget does not change.
+func TestPlanMemoryLeavesRoomForAnUnpinnedHead(t *testing.T) {
+	target := llamacpp.Footprint{Weights: 1_000 << 20, KVPerToken: 28_672, Vocab: 151_936, Heads: 12}
+	shape := streamShape{LargestLayer: 30 << 20, Head: 182 << 20, HeadFaults: 32 << 20}
+	layersOnly := streamShape{LargestLayer: shape.LargestLayer}
+	const ctx = 1024
+	for _, c := range []struct {
+		name     string
+		budgetMB int64
+		room     int64 // bytes of the layers-only plan's pin left to the page cache; -1: all of it
+	}{
+		{"the head pinned", 600, 0},
+		{"the head from the page cache", 300, shape.HeadFaults},
+		{"near the least, all of it", 190, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			budget := c.budgetMB << 20
+			p, err := planMemory(budget, target, llamacpp.Footprint{}, ctx, 1, 0, shape)
+			require.NoError(t, err)
+			require.True(t, p.Streamed)
+			without, err := planMemory(budget, target, llamacpp.Footprint{}, ctx, 1, 0, layersOnly)
+			require.NoError(t, err)
+			if c.room < 0 {
+				require.Less(t, without.Pinned, shape.HeadFaults)
+				c.room = without.Pinned
+			}
+			assert.Equal(t, without.Pinned-c.room, p.Pinned)
+			assert.Equal(t, without.Window+c.room, p.Window)
+			assert.Equal(t, c.room, p.HeadRoom)
+			assert.Equal(t, budget, p.Compute+p.Cache+p.KV+p.Window+p.Pinned)
+		})
+	}
+	_, err := planMemory(100<<20, target, llamacpp.Footprint{}, ctx, 1, 0, shape)
+	require.Error(t, err)
+	_, errLayersOnly := planMemory(100<<20, target, llamacpp.Footprint{}, ctx, 1, 0, layersOnly)
+	assert.Equal(t, errLayersOnly.Error(), err.Error(), "the same least")
 }
 
 // cpuTree writes a fake /sys/devices/system/cpu: one cpuinfo_max_freq per

@@ -366,7 +366,8 @@ func (f *sideFlags) fitMemory(fp, draft llamacpp.Footprint, log *slog.Logger) er
 		return err
 	}
 	_, layer := residency.Plan(tensors, 0)
-	p, err := planMemory(int64(f.memoryMB)<<20, fp, draft, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20, layer)
+	shape := streamShape{LargestLayer: layer, Head: residency.HeadBytes(tensors), HeadFaults: residency.FaultRoom(f.model)}
+	p, err := planMemory(int64(f.memoryMB)<<20, fp, draft, f.ctxPerSeq, (f.maxPassages+extra)*per, int64(f.kvCache.memoryMB)<<20, shape)
 	if err != nil {
 		return err
 	}
@@ -401,7 +402,15 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 	if err := residency.Advise(f.model, residency.AdviceSequential); err != nil {
 		return err
 	}
+	// Token embeddings are read a row a token: read ahead, each row would
+	// fill the little page cache the budget leaves (residency.AdviseRows).
+	if err := residency.AdviseRows(f.model); err != nil {
+		return err
+	}
 	if f.draftModel != "" {
+		if err := residency.AdviseRows(f.draftModel); err != nil {
+			return fmt.Errorf("--draft-model: %w", err)
+		}
 		// Every draft token reads the whole draft model: a part of it left
 		// to the page cache would be read from the file again and again,
 		// beside the model's streamed layers.
@@ -418,7 +427,7 @@ func (f *sideFlags) streamWeights(m *llamacpp.Model, log *slog.Logger) error {
 		pinned = nil
 	} else {
 		log.Info("--memory-mb: the weights are streamed from the file", "weights_mb", mib(f.plan.Weights), "pinned_mb", mib(p.Bytes),
-			"pinned_tensors", len(f.pin), "pass_tokens", f.plan.Ubatch)
+			"pinned_tensors", len(f.pin), "pass_tokens", f.plan.Ubatch, "head_readahead_mb", mib(f.plan.HeadRoom))
 	}
 	if f.streamReaders == 0 {
 		return nil

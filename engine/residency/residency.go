@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/dragon-rag/dragon/engine/gguf"
 )
 
@@ -29,12 +31,14 @@ import (
 const tokenEmbeddings = "token_embd.weight"
 
 // Plan picks the tensors to pin within budget bytes: those every pass
-// reads in full, in file order, each whole. Every such byte saves the same
-// read a pass, so the order only decides which; Qwen2.5's files put the
-// output projection first, then the layers by name (blk.0, blk.1, blk.10,
-// ...). It
-// also returns the largest layer's bytes (blk.N), the room the kernel
-// needs to page an unpinned layer in.
+// reads in full, each whole, the output projection first, then in file
+// order. Every such byte saves the same read a pass, but an unpinned layer
+// is read into the layer buffers (llamacpp.Prefetch) while the output head
+// is read by the pass's faults through the page cache, which a tight
+// budget leaves small (FaultRoom). Qwen2.5's files put the output
+// projection first anyway, then the layers by name (blk.0, blk.1, blk.10,
+// ...). It also returns the largest layer's bytes (blk.N), the room the
+// kernel needs to page an unpinned layer in.
 func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer int64) {
 	tied := true
 	layers := map[string]int64{}
@@ -49,8 +53,16 @@ func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer 
 	for _, n := range layers {
 		largestLayer = max(largestLayer, n)
 	}
+	head := "output.weight"
+	if tied {
+		head = tokenEmbeddings
+	}
+	ordered := slices.Clone(tensors)
+	slices.SortStableFunc(ordered, func(a, b gguf.Tensor) int {
+		return cmp.Compare(boolRank(a.Name != head), boolRank(b.Name != head))
+	})
 	used := int64(0)
-	for _, t := range tensors {
+	for _, t := range ordered {
 		if t.Name == tokenEmbeddings && !tied {
 			continue
 		}
@@ -63,6 +75,14 @@ func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer 
 	return pin, largestLayer
 }
 
+// boolRank orders false before true.
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // layerOf is a tensor's layer ("blk.7"), if it is in one.
 func layerOf(name string) (string, bool) {
 	if rest, ok := strings.CutPrefix(name, "blk."); ok {
@@ -71,6 +91,64 @@ func layerOf(name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// HeadBytes is the size of the output projection, which every pass reads
+// whole: output.weight, or the token embeddings a model ties to it.
+func HeadBytes(tensors []gguf.Tensor) int64 {
+	var embeddings int64
+	for _, t := range tensors {
+		switch t.Name {
+		case "output.weight":
+			return t.Size
+		case tokenEmbeddings:
+			embeddings = t.Size
+		}
+	}
+	return embeddings
+}
+
+// faultWindows is how many of the device's readahead windows an unpinned
+// output head wants in the page cache. Its faults read it under
+// sequential advice a window at a time, the next window read before the
+// last is used up. Measured on the Zen 5 VM (read_ahead_kb 8192) with the
+// 1.5B's head (182 MiB) faulted in under a cgroup limit beside a locked
+// draft model: with about 20 MiB of file pages left that the cgroup could
+// reclaim, windows evicted each other before they were read, and in 5
+// runs of 10 a pass re-read tens of GB over a minute; with four windows
+// more (about 55 MiB) none did in 3 runs.
+const faultWindows = 4
+
+// defaultReadahead is the kernel's readahead where the file's device does
+// not say (VM_READAHEAD_PAGES: 128 KiB).
+const defaultReadahead = 128 << 10
+
+// FaultRoom is the page cache, in bytes, that a streamed plan leaves to an
+// output head it cannot pin: faultWindows readahead windows of the block
+// device holding path (its queue/read_ahead_kb).
+func FaultRoom(path string) int64 {
+	return faultWindows * readahead(path)
+}
+
+// readahead is the readahead of path's block device in bytes (that of
+// the disk, for a partition), or the kernel's default where sysfs does not
+// list one (tmpfs, overlay, a container without /sys).
+func readahead(path string) int64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return defaultReadahead
+	}
+	dev := fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	for _, f := range []string{dev + "/queue/read_ahead_kb", dev + "/../queue/read_ahead_kb"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if kb, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && kb > 0 {
+			return kb << 10
+		}
+	}
+	return defaultReadahead
 }
 
 // Pinned is a set of locked ranges of the process's mapping of a file.
@@ -179,6 +257,44 @@ func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
 		}
 	}
 	return nil
+}
+
+// AdviseRows advises random reads on this process's mapping of path's
+// token embeddings, which a pass reads a row a token, unless the output
+// shares them (and reads them whole). Without it a row's page fault reads
+// ahead or around it as far as the device's read_ahead_kb (8 MiB on this
+// project's VMs) into the page cache. Under a tight budget that cache is a
+// few dozen MiB: a pass of nine rows then read more than it could keep,
+// evicting the pages it was reading, and a streamed draft run stalled on
+// passes of a minute, having read tens of GB.
+func AdviseRows(path string) error {
+	tensors, err := gguf.Tensors(path)
+	if err != nil {
+		return err
+	}
+	var rows *gguf.Tensor
+	tied := true
+	for i, t := range tensors {
+		switch t.Name {
+		case "output.weight":
+			tied = false
+		case tokenEmbeddings:
+			rows = &tensors[i]
+		}
+	}
+	if rows == nil || tied {
+		return nil
+	}
+	f, maps, err := adviceOn(path, AdviceRandom)
+	if err != nil {
+		return err
+	}
+	at, ok := addressOf(maps, rows.Offset, rows.Size)
+	if !ok {
+		return fmt.Errorf("residency: %s [%d, %d) is not mapped", rows.Name, rows.Offset, rows.Offset+rows.Size)
+	}
+	page := uintptr(os.Getpagesize())
+	return madvise(at&^(page-1), (at+uintptr(rows.Size)+page-1)&^(page-1), f, AdviceRandom)
 }
 
 // adviceOn is a's madvise flag and this process's mappings of path.

@@ -2,7 +2,9 @@ package residency
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/dragon-rag/dragon/engine/gguf"
 	"github.com/dragon-rag/dragon/internal/procstatus"
@@ -37,10 +40,42 @@ func TestPlan(t *testing.T) {
 		"the embeddings, read a row a token, are never pinned; what fits, in file order")
 	pin, _ = Plan(untied, 0)
 	assert.Empty(t, pin)
+	pin, _ = Plan(untied, 181*mb)
+	assert.Equal(t, []string{"output.weight", "blk.0.attn_q.weight", "blk.0.ffn_up.weight", "output_norm.weight"}, names(pin),
+		"the output head first, though the file puts it last: unpinned, it would be read through the page cache")
 	// Tied: the output reads the whole embedding matrix every pass.
 	tied := untied[:len(untied)-1]
 	pin, _ = Plan(tied, 100*mb)
 	assert.Equal(t, []string{"token_embd.weight"}, names(pin))
+}
+
+func TestHeadBytes(t *testing.T) {
+	untied := []gguf.Tensor{{Name: "output.weight", Size: 150}, {Name: "token_embd.weight", Size: 100}, {Name: "blk.0.a", Size: 10}}
+	assert.Equal(t, int64(150), HeadBytes(untied))
+	assert.Equal(t, int64(100), HeadBytes(untied[1:]), "tied: the embeddings are the head")
+	assert.Zero(t, HeadBytes(untied[2:]))
+}
+
+// TestFaultRoom: four readahead windows of the file's device, as sysfs
+// gives them, or of the kernel's default where there is no device.
+func TestFaultRoom(t *testing.T) {
+	assert.Equal(t, int64(4*128<<10), FaultRoom(filepath.Join(t.TempDir(), "absent")))
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	require.NoError(t, os.WriteFile(path, []byte("x"), 0o644))
+	var st syscall.Stat_t
+	require.NoError(t, syscall.Stat(path, &st))
+	dev := fmt.Sprintf("/sys/dev/block/%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev))
+	b, err := os.ReadFile(dev + "/queue/read_ahead_kb")
+	if err != nil {
+		b, err = os.ReadFile(dev + "/../queue/read_ahead_kb") // a partition: its disk's
+	}
+	if err != nil {
+		assert.Equal(t, int64(4*128<<10), FaultRoom(path), "no queue for the device: the default")
+		return
+	}
+	kb, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	require.NoError(t, err)
+	assert.Equal(t, 4*kb<<10, FaultRoom(path))
 }
 
 func TestReads(t *testing.T) {
@@ -149,25 +184,7 @@ func TestAdviseLayersAdvisesOnlyTheLayersPages(t *testing.T) {
 	require.NoError(t, Advise(path, AdviceSequential))
 	require.Error(t, AdviseLayers(path, "sideways", reads, 1))
 	require.NoError(t, AdviseLayers(path, AdviceRandom, reads, 1))
-	base := uintptr(unsafe.Pointer(&data[0]))
-	flagsAt := func(off int64) string {
-		smaps, err := os.ReadFile("/proc/self/smaps")
-		require.NoError(t, err)
-		var inside bool
-		for _, line := range strings.Split(string(smaps), "\n") {
-			if lo, hi, ok := strings.Cut(strings.Fields(line + " x")[0], "-"); ok {
-				start, err1 := strconv.ParseUint(lo, 16, 64)
-				end, err2 := strconv.ParseUint(hi, 16, 64)
-				at := uint64(base) + uint64(off)
-				inside = err1 == nil && err2 == nil && at >= start && at < end
-			}
-			if inside && strings.HasPrefix(line, "VmFlags:") {
-				return line
-			}
-		}
-		t.Fatalf("no mapping at offset %d", off)
-		return ""
-	}
+	flagsAt := func(off int64) string { return vmFlagsAt(t, data, off) }
 	assert.Contains(t, flagsAt(reads[0].Off+reads[0].Size/2), " rr", "the layer's pages: random")
 	assert.Contains(t, flagsAt(reads[1].Off+reads[1].Size/2), " sr", "the output head's: the mapping's sequential")
 	// The mapping is now listed as parts: a tensor across two of them is
@@ -176,4 +193,53 @@ func TestAdviseLayersAdvisesOnlyTheLayersPages(t *testing.T) {
 	p, err := Pin(path, ts)
 	require.NoError(t, err)
 	p.Unpin()
+}
+
+func TestAdviseRowsAdvisesOnlyTheTokenEmbeddings(t *testing.T) {
+	t.Run("untied", func(t *testing.T) {
+		path, ts := writeModel(t, gguf.Tensor{Name: "output.weight", Size: 16384}, // 64 KiB each
+			gguf.Tensor{Name: "token_embd.weight", Size: 16384},
+			gguf.Tensor{Name: "blk.0.a", Size: 16384})
+		require.ErrorContains(t, AdviseRows(path), "not mapped in this process")
+		data := mapFile(t, path)
+		require.NoError(t, Advise(path, AdviceSequential))
+		require.NoError(t, AdviseRows(path))
+		for _, x := range ts {
+			want := " sr"
+			if x.Name == "token_embd.weight" {
+				want = " rr"
+			}
+			assert.Contains(t, vmFlagsAt(t, data, x.Offset+x.Size/2), want, x.Name)
+		}
+	})
+	t.Run("tied: the output reads them whole", func(t *testing.T) {
+		path, ts := writeModel(t, gguf.Tensor{Name: "token_embd.weight", Size: 16384},
+			gguf.Tensor{Name: "blk.0.a", Size: 16384})
+		data := mapFile(t, path)
+		require.NoError(t, Advise(path, AdviceSequential))
+		require.NoError(t, AdviseRows(path))
+		assert.Contains(t, vmFlagsAt(t, data, ts[0].Offset+ts[0].Size/2), " sr")
+	})
+}
+
+// vmFlagsAt is the VmFlags line of /proc/self/smaps for the mapping that
+// holds data[off] (rr: random advice, sr: sequential).
+func vmFlagsAt(t *testing.T, data []byte, off int64) string {
+	t.Helper()
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	require.NoError(t, err)
+	at := uint64(uintptr(unsafe.Pointer(&data[0]))) + uint64(off)
+	var inside bool
+	for _, line := range strings.Split(string(smaps), "\n") {
+		if lo, hi, ok := strings.Cut(strings.Fields(line + " x")[0], "-"); ok {
+			start, err1 := strconv.ParseUint(lo, 16, 64)
+			end, err2 := strconv.ParseUint(hi, 16, 64)
+			inside = err1 == nil && err2 == nil && at >= start && at < end
+		}
+		if inside && strings.HasPrefix(line, "VmFlags:") {
+			return line
+		}
+	}
+	t.Fatalf("no mapping at offset %d", off)
+	return ""
 }
