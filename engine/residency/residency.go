@@ -115,7 +115,7 @@ func HeadBytes(tensors []gguf.Tensor) int64 {
 // 1.5B's head (182 MiB) faulted in under a cgroup limit beside a locked
 // draft model: with about 20 MiB of file pages left that the cgroup could
 // reclaim, windows evicted each other before they were read, and in 5
-// runs of 10 a pass re-read tens of GB over a minute; with four windows
+// runs of 11 a pass re-read tens of GB over a minute; with four windows
 // more (about 55 MiB) none did in 3 runs.
 const faultWindows = 4
 
