@@ -58,9 +58,9 @@ func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer 
 		head = tokenEmbeddings
 	}
 	ordered := slices.Clone(tensors)
-	slices.SortStableFunc(ordered, func(a, b gguf.Tensor) int {
-		return cmp.Compare(boolRank(a.Name != head), boolRank(b.Name != head))
-	})
+	if i := slices.IndexFunc(ordered, func(t gguf.Tensor) bool { return t.Name == head }); i > 0 {
+		ordered = slices.Insert(slices.Delete(ordered, i, i+1), 0, tensors[i])
+	}
 	used := int64(0)
 	for _, t := range ordered {
 		if t.Name == tokenEmbeddings && !tied {
@@ -73,14 +73,6 @@ func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer 
 		used += t.Size
 	}
 	return pin, largestLayer
-}
-
-// boolRank orders false before true.
-func boolRank(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // layerOf is a tensor's layer ("blk.7"), if it is in one.
@@ -116,7 +108,7 @@ func HeadBytes(tensors []gguf.Tensor) int64 {
 // draft model: with about 20 MiB of file pages left that the cgroup could
 // reclaim, windows evicted each other before they were read, and in 5
 // runs of 11 a pass re-read tens of GB over a minute; with four windows
-// more (about 55 MiB) none did in 3 runs.
+// more (about 55 MiB) none did in 5 runs.
 const faultWindows = 4
 
 // defaultReadahead is the kernel's readahead where the file's device does
