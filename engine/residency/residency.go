@@ -40,12 +40,9 @@ const tokenEmbeddings = "token_embd.weight"
 // ...). It also returns the largest layer's bytes (blk.N), the room the
 // kernel needs to page an unpinned layer in.
 func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer int64) {
-	tied := true
+	tied := tiedOutput(tensors)
 	layers := map[string]int64{}
 	for _, t := range tensors {
-		if t.Name == "output.weight" {
-			tied = false
-		}
 		if l, ok := layerOf(t.Name); ok {
 			layers[l] += t.Size
 		}
@@ -73,6 +70,12 @@ func Plan(tensors []gguf.Tensor, budget int64) (pin []gguf.Tensor, largestLayer 
 		used += t.Size
 	}
 	return pin, largestLayer
+}
+
+// tiedOutput says whether the model has no output.weight of its own, its
+// output projection being the token embeddings.
+func tiedOutput(tensors []gguf.Tensor) bool {
+	return !slices.ContainsFunc(tensors, func(t gguf.Tensor) bool { return t.Name == "output.weight" })
 }
 
 // layerOf is a tensor's layer ("blk.7"), if it is in one.
@@ -235,16 +238,11 @@ func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
 	if err != nil {
 		return err
 	}
-	page := uintptr(os.Getpagesize())
 	for _, r := range reads {
 		if r.Layer >= layers {
 			continue
 		}
-		at, ok := addressOf(maps, r.Off, r.Size)
-		if !ok {
-			return fmt.Errorf("residency: %s [%d, %d) is not mapped", r.Name, r.Off, r.Off+r.Size)
-		}
-		if err := madvise(at&^(page-1), (at+uintptr(r.Size)+page-1)&^(page-1), f, a); err != nil {
+		if err := adviseRange(maps, f, a, r.Name, r.Off, r.Size); err != nil {
 			return err
 		}
 	}
@@ -255,38 +253,35 @@ func AdviseLayers(path string, a Advice, reads []Read, layers int) error {
 // token embeddings, which a pass reads a row a token, unless the output
 // shares them (and reads them whole). Without it a row's page fault reads
 // ahead or around it as far as the device's read_ahead_kb (8 MiB on this
-// project's VMs) into the page cache. Under a tight budget that cache is a
-// few dozen MiB: a pass of nine rows then read more than it could keep,
-// evicting the pages it was reading, and a streamed draft run stalled on
-// passes of a minute, having read tens of GB.
+// project's VMs) into the little page cache a tight budget leaves, beside
+// an output head the plan could not pin. It takes a few MB a token off
+// the reads (plain at 560 MiB: 545–550 MB a token against 555–556); the
+// stalls of that head's faults are FaultRoom's to prevent.
 func AdviseRows(path string) error {
 	tensors, err := gguf.Tensors(path)
 	if err != nil {
 		return err
 	}
-	var rows *gguf.Tensor
-	tied := true
-	for i, t := range tensors {
-		switch t.Name {
-		case "output.weight":
-			tied = false
-		case tokenEmbeddings:
-			rows = &tensors[i]
-		}
-	}
-	if rows == nil || tied {
+	i := slices.IndexFunc(tensors, func(t gguf.Tensor) bool { return t.Name == tokenEmbeddings })
+	if i < 0 || tiedOutput(tensors) {
 		return nil
 	}
 	f, maps, err := adviceOn(path, AdviceRandom)
 	if err != nil {
 		return err
 	}
-	at, ok := addressOf(maps, rows.Offset, rows.Size)
+	return adviseRange(maps, f, AdviceRandom, tensors[i].Name, tensors[i].Offset, tensors[i].Size)
+}
+
+// adviseRange advises a on the pages that hold [off, off+size) of the
+// mapped file.
+func adviseRange(maps []mapping, flag uintptr, a Advice, name string, off, size int64) error {
+	at, ok := addressOf(maps, off, size)
 	if !ok {
-		return fmt.Errorf("residency: %s [%d, %d) is not mapped", rows.Name, rows.Offset, rows.Offset+rows.Size)
+		return fmt.Errorf("residency: %s [%d, %d) is not mapped", name, off, off+size)
 	}
 	page := uintptr(os.Getpagesize())
-	return madvise(at&^(page-1), (at+uintptr(rows.Size)+page-1)&^(page-1), f, AdviceRandom)
+	return madvise(at&^(page-1), (at+uintptr(size)+page-1)&^(page-1), flag, a)
 }
 
 // adviceOn is a's madvise flag and this process's mappings of path.
@@ -400,12 +395,7 @@ func Reads(tensors, pinned []gguf.Tensor, layers int) []Read {
 	for _, t := range pinned {
 		locked[t.Name] = true
 	}
-	tied := true
-	for _, t := range tensors {
-		if t.Name == "output.weight" {
-			tied = false
-		}
-	}
+	tied := tiedOutput(tensors)
 	var out []Read
 	for _, t := range tensors {
 		if locked[t.Name] || (t.Name == tokenEmbeddings && !tied) {
